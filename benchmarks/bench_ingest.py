@@ -1,0 +1,285 @@
+"""Ingest benchmark: ranklens `load_traces` vs HTA `TraceAnalysis` on one big Kineto trace.
+
+Why: ranklens promises to ingest multi-hundred-MB traces fast and in bounded memory. Real traces
+that big are not in the repo, so this builds one (cached under benchmarks/_work) by replicating a
+real trace's events with shifted timestamps and renumbered ids, then times each tool in a fresh
+subprocess while the parent samples the memory of the whole process tree (workers included).
+
+Targets: >= 150 MB/s, peak memory <= 1.5x file size, >= 10x faster than HTA.
+Memory is the peak over time of the tree's summed PSS (proportional set size: pages shared by
+several processes, e.g. one mmap'd trace, count once); the summed RSS (which counts a shared page
+once per process) and the largest single-process ru_maxrss are printed beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+WORK = HERE / "_work"
+DEFAULT_SOURCE = Path(
+    "/work/shared/traces/public/hta-testdata/nccl_parser_config/nccl_data.json.gz"
+)
+MB = 1024 * 1024
+ID_KEYS = ("correlation", "External id")
+TARGET_MBPS = 150.0
+TARGET_RSS_X = 1.5
+TARGET_SPEEDUP = 10.0
+
+RANKLENS_CHILD = """
+import json, sys, time
+from ranklens.ingest import load_traces
+t0 = time.perf_counter()
+rep = load_traces([sys.argv[1]], sys.argv[2], workers=(int(sys.argv[3]) or None))
+dt = time.perf_counter() - t0
+import duckdb
+con = duckdb.connect(sys.argv[2], read_only=True)
+n = con.execute("SELECT count(*) FROM events").fetchone()[0]
+print(json.dumps({"inner_s": dt, "events": n}))
+"""
+
+HTA_CHILD = """
+import json, logging, sys, time
+from hta.configs.config import logger
+logger.setLevel(logging.ERROR)
+from hta.trace_analysis import TraceAnalysis
+t0 = time.perf_counter()
+ta = TraceAnalysis(trace_dir=sys.argv[1])
+dt = time.perf_counter() - t0
+print(json.dumps({"inner_s": dt, "events": int(sum(len(d) for d in ta.t.traces.values()))}))
+"""
+
+
+@dataclass
+class Run:
+    """What one measured subprocess did."""
+
+    wall_s: float
+    peak_pss_mb: float
+    peak_rss_sum_mb: float
+    ru_maxrss_mb: float
+    result: dict[str, Any]
+
+
+# ---------------------------------------------------------------- building the big trace
+
+
+def _shift_event(ev: dict[str, Any], dt_us: int, id_shift: int, step_shift: int) -> dict[str, Any]:
+    """One copy of an event: time moved by dt_us, ids and ProfilerStep number made unique."""
+    out = dict(ev)
+    if isinstance(out.get("ts"), (int, float)):
+        out["ts"] = out["ts"] + dt_us
+    if "id" in out and isinstance(out["id"], int):
+        out["id"] = out["id"] + id_shift
+    name = out.get("name")
+    if isinstance(name, str) and name.startswith("ProfilerStep#"):
+        out["name"] = f"ProfilerStep#{int(name.split('#', 1)[1]) + step_shift}"
+    args = out.get("args")
+    if isinstance(args, dict):
+        args = dict(args)
+        for key in ID_KEYS:
+            if isinstance(args.get(key), int) and args[key] >= 0:
+                args[key] = args[key] + id_shift
+        out["args"] = args
+    return out
+
+
+def _copies(events: list[dict[str, Any]]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(copy number, event): metadata once, then endless copies of the timed events laid end to
+    end in time (the caller stops at a copy boundary)."""
+    timed = [e for e in events if e.get("ph") != "M"]
+    starts = [e["ts"] for e in timed if isinstance(e.get("ts"), (int, float))]
+    ends = [e["ts"] + e.get("dur", 0) for e in timed if isinstance(e.get("ts"), (int, float))]
+    span_us = math.ceil(max(ends) - min(starts)) + 1000
+    max_id = 0
+    for e in timed:
+        if isinstance(e.get("id"), int):
+            max_id = max(max_id, e["id"])
+        for key in ID_KEYS:
+            v = (e.get("args") or {}).get(key)
+            if isinstance(v, int):
+                max_id = max(max_id, v)
+    steps = [int(e["name"].split("#", 1)[1]) for e in timed
+             if str(e.get("name", "")).startswith("ProfilerStep#")]
+    step_stride = (max(steps) - min(steps) + 1) if steps else 0
+    yield from ((0, e) for e in events if e.get("ph") == "M")
+    k = 0
+    while True:
+        for e in timed:
+            yield k, _shift_event(e, k * span_us, k * (max_id + 1), k * step_stride)
+        k += 1
+
+
+def build_trace(source: Path, size_mb: int) -> tuple[Path, int]:
+    """Write (or reuse) a >= size_mb uncompressed Kineto JSON made from source; return path, events.
+
+    Kineto's layout is kept (header keys in order, one event per line) because HTA finds the rank
+    by grepping lines for `"rank": N`.
+    """
+    WORK.mkdir(parents=True, exist_ok=True)
+    dest = WORK / f"big_{source.name.split('.')[0]}_{size_mb}mb.json"
+    sidecar = dest.with_suffix(".meta.json")
+    if dest.exists() and sidecar.exists():
+        meta = json.loads(sidecar.read_text())
+        if meta.get("size") == dest.stat().st_size:
+            return dest, int(meta["events"])
+    opener = gzip.open if source.suffix == ".gz" else open
+    with opener(source, "rb") as f:
+        raw = f.read()
+    doc = json.loads(raw)
+    events: list[dict[str, Any]] = doc["traceEvents"]
+    n_events = n_copies = 0
+    tmp = dest.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        out.write("{\n")
+        keys = list(doc)
+        for i, key in enumerate(keys):
+            sep = ",\n" if i < len(keys) - 1 else "\n"
+            if key != "traceEvents":
+                out.write(f"  {json.dumps(key)}: {json.dumps(doc[key])}{sep}")
+                continue
+            out.write('  "traceEvents": [\n')
+            first = True
+            for k, ev in _copies(events):
+                if k == n_copies:  # a copy just finished: stop once big enough
+                    if out.tell() >= size_mb * MB:
+                        break
+                    n_copies += 1
+                out.write(("  " if first else ",\n  ") + json.dumps(ev))
+                first = False
+                n_events += 1
+            out.write(f"\n  ]{sep}")
+        out.write("}\n")
+    tmp.replace(dest)
+    sidecar.write_text(json.dumps({"size": dest.stat().st_size, "events": n_events,
+                                   "copies": n_copies, "source": str(source)}))
+    return dest, n_events
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def _tree_memory(proc: psutil.Process) -> tuple[float, float]:
+    """(summed PSS, summed RSS) in MB of proc and all its descendants; vanished ones skipped."""
+    pss = rss = 0.0
+    try:
+        members = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0.0, 0.0
+    for p in members:
+        try:
+            full = p.memory_full_info()
+        except psutil.Error:
+            continue
+        pss += getattr(full, "pss", full.rss) / MB
+        rss += full.rss / MB
+    return pss, rss
+
+
+def measure(cmd: list[str], interval_s: float = 0.05) -> Run:
+    """Run cmd in a fresh process; wall time, peak tree PSS/RSS and the child's ru_maxrss."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        ps = psutil.Process(proc.pid)
+        peak_pss = peak_rss = 0.0
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            pss, rss = _tree_memory(ps)
+            peak_pss, peak_rss = max(peak_pss, pss), max(peak_rss, rss)
+            time.sleep(interval_s)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if proc.returncode != 0:
+        sys.stderr.write(stderr[-4000:])
+        raise SystemExit(f"benchmark child failed ({proc.returncode}): {cmd[-1]}")
+    last = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    result = json.loads(last[-1]) if last else {}
+    return Run(wall, peak_pss, peak_rss, usage.ru_maxrss / 1024, result)
+
+
+def run_ranklens(trace: Path, workers: int) -> Run:
+    """ranklens load_traces into a fresh DuckDB file, in its own process."""
+    db = WORK / "bench_ingest.duckdb"
+    for p in (db, Path(str(db) + ".wal")):
+        p.unlink(missing_ok=True)
+    run = measure([sys.executable, "-c", RANKLENS_CHILD, str(trace), str(db), str(workers)])
+    db.unlink(missing_ok=True)
+    return run
+
+
+def run_hta(trace: Path) -> Run:
+    """HTA TraceAnalysis(trace_dir=...) over a directory holding only a link to the trace."""
+    with tempfile.TemporaryDirectory(dir=WORK, prefix="hta_dir_") as d:
+        os.symlink(trace, Path(d) / trace.name)
+        return measure([sys.executable, "-c", HTA_CHILD, d])
+
+
+# ---------------------------------------------------------------- report
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def report(size_mb: float, n_events: int, rl: Run, hta: Run | None) -> bool:
+    """Print the figures and targets; True if every checked target passed."""
+    mbps = size_mb / rl.wall_s
+    x_mem = rl.peak_pss_mb / size_mb
+    print(f"trace: {size_mb:.1f} MB uncompressed, {n_events:,} events in file, "
+          f"{rl.result.get('events', '?'):,} rows in ranklens events table")
+    print(f"{'tool':<10}{'wall s':>9}{'MB/s':>9}{'peak PSS MB':>13}{'x file':>8}"
+          f"{'RSS-sum MB':>12}{'maxrss MB':>11}")
+    runs = [("ranklens", rl)] + ([("HTA", hta)] if hta else [])
+    for name, r in runs:
+        print(f"{name:<10}{r.wall_s:>9.2f}{size_mb / r.wall_s:>9.1f}{r.peak_pss_mb:>13.0f}"
+              f"{r.peak_pss_mb / size_mb:>8.2f}{r.peak_rss_sum_mb:>12.0f}{r.ru_maxrss_mb:>11.0f}")
+    ok = mbps >= TARGET_MBPS and x_mem <= TARGET_RSS_X
+    print(f"[{_verdict(mbps >= TARGET_MBPS)}] throughput {mbps:.1f} MB/s (target >= {TARGET_MBPS})")
+    print(f"[{_verdict(x_mem <= TARGET_RSS_X)}] peak memory {x_mem:.2f}x file "
+          f"(target <= {TARGET_RSS_X}x)")
+    if hta:
+        speedup = hta.wall_s / rl.wall_s
+        ok = ok and speedup >= TARGET_SPEEDUP
+        print(f"[{_verdict(speedup >= TARGET_SPEEDUP)}] speedup vs HTA {speedup:.1f}x "
+              f"(target >= {TARGET_SPEEDUP}x)")
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size-mb", type=int, default=400, help="minimum uncompressed size")
+    ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="trace to replicate")
+    ap.add_argument("--skip-hta", action="store_true", help="only run ranklens")
+    ap.add_argument("--workers", type=int, default=0, help="ranklens workers (0: its default)")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    trace, n_events = build_trace(args.source, args.size_mb)
+    size_mb = trace.stat().st_size / MB
+    print(f"built/reused {trace} in {time.perf_counter() - t0:.1f}s")
+    rl = run_ranklens(trace, args.workers)
+    hta = None if args.skip_hta else run_hta(trace)
+    return 0 if report(size_mb, n_events, rl, hta) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,34 @@
+"""Errors the user can act on: a message naming the file, and a hint saying what to do.
+
+Code raises these and never logs-and-continues; the CLI prints `error:` and `hint:` once.
+"""
+
+from __future__ import annotations
+
+
+class RanklensError(Exception):
+    """Base of every error ranklens reports to a user (printed without a traceback)."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class TraceFormatError(RanklensError):
+    """A file is not a trace ranklens can read, or is damaged."""
+
+
+class RankError(RanklensError):
+    """A rank cannot be determined, or two files claim the same rank."""
+
+
+class NoTracesError(RanklensError):
+    """The inputs name no trace file."""
+
+
+class DatabaseError(RanklensError):
+    """The DuckDB file is missing, locked, or of another schema version."""
