@@ -25,7 +25,9 @@ def query_pl(
     con: duckdb.DuckDBPyConnection, sql: str, params: list[object] | None = None
 ) -> pl.DataFrame:
     """Run a query and return every row as a polars DataFrame (the result is fully consumed)."""
-    table = con.sql(sql, params=params).to_arrow_table() if params else con.sql(sql).to_arrow_table()
+    table = (
+        con.sql(sql, params=params).to_arrow_table() if params else con.sql(sql).to_arrow_table()
+    )
     df = pl.from_arrow(table)
     assert isinstance(df, pl.DataFrame)
     return df

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import duckdb
 import polars as pl
-
 from ranklens.analysis._base import Finding, Result, Severity
 from ranklens.analysis._sql import apply_sql, query_pl
 
@@ -57,7 +56,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     apply_sql(con, "intervals", "activity", "breakdown")
     table = query_pl(con, "SELECT * FROM breakdown_by_step ORDER BY rank, step")
     by_rank = query_pl(con, "SELECT * FROM breakdown_by_rank ORDER BY rank")
-    by_par = query_pl(con, "SELECT * FROM breakdown_by_parallelism ORDER BY rank, step, parallelism")
+    by_par = query_pl(
+        con, "SELECT * FROM breakdown_by_parallelism ORDER BY rank, step, parallelism"
+    )
     return Result(
         NAME,
         table,
@@ -92,7 +93,9 @@ def _findings(by_rank: pl.DataFrame, p: Params) -> list[Finding]:
                 ranks=tuple(int(r) for r in idle["rank"]),
                 value=float(worst["idle_share"]),
                 threshold=p.idle_warn,
-                evidence={"idle_share_by_rank": dict(zip(idle["rank"], idle["idle_share"]))},
+                evidence={
+                    "idle_share_by_rank": dict(zip(idle["rank"], idle["idle_share"], strict=True))
+                },
             )
         )
     heavy = by_rank.filter(pl.col("comm_share") > p.comm_share_warn)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import duckdb
 import polars as pl
-
 from ranklens.analysis._base import Finding, Result, Severity
 from ranklens.analysis._sql import apply_sql, query_pl
 
@@ -101,13 +100,18 @@ def _findings(by_rank: pl.DataFrame, by_par: pl.DataFrame, p: Params) -> list[Fi
                 f"most of it is {top}"
             ),
             fix=fixes.get(
-                top, "find the collective with the largest exposed time (overlap_by_group) "
-                "and overlap it with independent compute"
+                top,
+                "find the collective with the largest exposed time (overlap_by_group) "
+                "and overlap it with independent compute",
             ),
             time_at_stake_ns=per_step,
             ranks=tuple(int(r) for r in bad["rank"]),
             value=float(worst["exposed_share"]),
             threshold=p.exposed_warn,
-            evidence={"exposed_ns_by_parallelism": dict(zip(par["parallelism"], par["exposed_ns"]))},
+            evidence={
+                "exposed_ns_by_parallelism": dict(
+                    zip(par["parallelism"], par["exposed_ns"], strict=True)
+                )
+            },
         )
     ]

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-
 from ranklens.ingest.schema import TABLE_BY_NAME
 
 # Columns a reader fills; `step` is assigned by the loader from the step markers.

@@ -25,7 +25,9 @@ COMM_KERNEL_RE = re.compile("|".join(COMM_KERNEL_PATTERNS))
 GLOO_EXEC_RE = re.compile(r"^gloo:")
 
 # Host ops that issue a collective (short; the work runs elsewhere).
-COMM_CALL_RE = re.compile(r"^(c10d::|record_param_comms$|nccl:|c10d_functional::|_c10d_functional::)")
+COMM_CALL_RE = re.compile(
+    r"^(c10d::|record_param_comms$|nccl:|c10d_functional::|_c10d_functional::)"
+)
 
 SYNC_RE = re.compile(
     r"^(cudaDeviceSynchronize|cudaStreamSynchronize|cudaEventSynchronize|cudaStreamWaitEvent"

@@ -28,7 +28,6 @@ from typing import Any
 import msgspec
 import numpy as np
 import pyarrow as pa
-
 from ranklens.ingest.classify import comm_op_of, kind_of
 from ranklens.ingest.errors import TraceFormatError
 
@@ -151,7 +150,9 @@ def _uncompressed(path: str) -> tuple[str, str | None]:
             shutil.copyfileobj(src, dst, 8 * 1024 * 1024)
     except (OSError, EOFError, zlib.error) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise _fail(path, f"corrupt gzip data ({exc})", "re-copy the file; gzip -t FILE checks it") from None
+        raise _fail(
+            path, f"corrupt gzip data ({exc})", "re-copy the file; gzip -t FILE checks it"
+        ) from None
     return out, tmp
 
 
@@ -212,7 +213,7 @@ def _prepare_data(path: str, data_path: str, tmp: str | None, size: int, sha: st
         has_device = _HAS_DEVICE_RE.search(mm, start, end) is not None
     dist = hdr.distributedInfo or _DistInfo()
     rank = dist.rank if dist.rank is not None else _rank_from_name(path)
-    dev = (hdr.deviceProperties or [None])[0]
+    dev = hdr.deviceProperties[0] if hdr.deviceProperties else None
     info: dict[str, Any] = {
         "world_size": dist.world_size,
         "backend": dist.backend,
@@ -293,7 +294,9 @@ class BadCut(Exception):
     """A planned cut fell inside a nested value; the file is decoded serially instead."""
 
 
-def decode_piece(prep: Prepared, index: int, rank: int, trace_id: int, serial: bool = False) -> Piece:
+def decode_piece(
+    prep: Prepared, index: int, rank: int, trace_id: int, serial: bool = False
+) -> Piece:
     """Decode one planned piece. A piece that does not decode raises BadCut in parallel mode
     (the caller redoes the file serially); in serial mode it is merged with the next pieces."""
     lo, hi = prep.pieces[index]
@@ -317,14 +320,22 @@ def decode_piece(prep: Prepared, index: int, rank: int, trace_id: int, serial: b
 
 def _decode_error(path: str, exc: Exception, offset: int) -> TraceFormatError:
     if isinstance(exc, UnicodeDecodeError):
-        return _fail(path, f"invalid UTF-8 near byte {offset + exc.start - 1}",
-                     "the file is damaged; --skip-bad ingests the other ranks")
+        return _fail(
+            path,
+            f"invalid UTF-8 near byte {offset + exc.start - 1}",
+            "the file is damaged; --skip-bad ingests the other ranks",
+        )
     msg = str(exc)
     if "truncated" in msg:
-        return _fail(path, "the JSON ends early (truncated file?)",
-                     "the profiler may have been killed while writing; re-export the trace")
+        return _fail(
+            path,
+            "the JSON ends early (truncated file?)",
+            "the profiler may have been killed while writing; re-export the trace",
+        )
     m = re.search(r"\$\[(\d+)\]", msg)
-    where = f" (event {m.group(1)} of the piece at byte {offset})" if m else f" (near byte {offset})"
+    where = (
+        f" (event {m.group(1)} of the piece at byte {offset})" if m else f" (near byte {offset})"
+    )
     return _fail(path, f"malformed event: {msg}{where}")
 
 
@@ -354,8 +365,11 @@ def _checked_int64(path: str, name: str, values: list[Any]) -> pa.Array:
         return pa.array(values, pa.int64())
     except (OverflowError, pa.ArrowInvalid):
         bad = next(i for i, v in enumerate(values) if v is not None and abs(v) > _INT64_MAX)
-        raise _fail(path, f"`{name}` of an event is beyond int64 ({values[bad]})",
-                    "the trace holds an id ranklens cannot store; report it with the file") from None
+        raise _fail(
+            path,
+            f"`{name}` of an event is beyond int64 ({values[bad]})",
+            "the trace holds an id ranklens cannot store; report it with the file",
+        ) from None
 
 
 def _columns(
@@ -393,11 +407,11 @@ def _columns(
     kinds: list[str] = []
     ops: list[str | None] = []
     has_dev = prep.has_device
-    for c, n, a in zip(cats, names, args, strict=True):
-        key = (c, n, a.coll)
+    for c, nm, a in zip(cats, names, args, strict=True):
+        key = (c, nm, a.coll)
         hit = kind_cache.get(key)
         if hit is None:
-            hit = (kind_of(c, n, has_dev), comm_op_of(c, n, a.coll))
+            hit = (kind_of(c, nm, has_dev), comm_op_of(c, nm, a.coll))
             kind_cache[key] = hit
         kinds.append(hit[0])
         ops.append(hit[1])

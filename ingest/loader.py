@@ -20,13 +20,13 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-
-from ranklens import __version__
 from ranklens.ingest import kineto
 from ranklens.ingest._model import RankPart
 from ranklens.ingest.errors import NoTracesError, RankError, RanklensError
 from ranklens.ingest.post import finish_database
 from ranklens.ingest.schema import SCHEMA_VERSION, TABLE_BY_NAME, ddl
+
+from ranklens import __version__
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep")
 _SERIAL_BELOW_BYTES = 24 * 1024 * 1024
@@ -131,8 +131,12 @@ def _ingest(
     now = datetime.now(timezone.utc).isoformat()
     con.executemany(
         "INSERT INTO meta VALUES (?, ?)",
-        [["schema_version", str(SCHEMA_VERSION)], ["tool_version", __version__],
-         ["ingested_at", now], ["n_files", str(len(files))]],
+        [
+            ["schema_version", str(SCHEMA_VERSION)],
+            ["tool_version", __version__],
+            ["ingested_at", now],
+            ["n_files", str(len(files))],
+        ],
     )
     sink = _Sink(con, report, on_error)
     kin = [f for f in files if not f.endswith((".sqlite", ".nsys-rep"))]
@@ -152,7 +156,9 @@ def _ingest(
         _run_parallel(sink, kin, n, progress, done, total)
     if not sink.rank_of:
         reasons = "; ".join(f"{s.path}: {s.reason}" for s in report.skipped)
-        raise NoTracesError(f"no trace could be ingested ({reasons})", "fix or remove the bad files")
+        raise NoTracesError(
+            f"no trace could be ingested ({reasons})", "fix or remove the bad files"
+        )
     finish_database(con, sink.groups)
     report.ranks = sorted(sink.rank_of.values())
     report.n_events = int(con.execute("SELECT count(*) FROM events").fetchall()[0][0])
@@ -203,7 +209,7 @@ class _Sink:
                 "each rank must come from exactly one file; remove the duplicate",
             )
         self.path_of_rank[rank] = path
-        self.rank_of[(trace_id, f'{path}#{len(self.rank_of)}')] = rank
+        self.rank_of[(trace_id, f"{path}#{len(self.rank_of)}")] = rank
         return rank
 
     def add_events(self, table: pa.Table) -> None:
@@ -212,17 +218,34 @@ class _Sink:
         self.con.execute(f"INSERT INTO events ({cols}) SELECT {cols} FROM _piece")
         self.con.unregister("_piece")
 
-    def add_rank(self, trace_id: int, path: str, fmt: str, size: int, sha: str | None,
-                 rank: int, info: dict[str, Any], n_events: int) -> None:
+    def add_rank(
+        self,
+        trace_id: int,
+        path: str,
+        fmt: str,
+        size: int,
+        sha: str | None,
+        rank: int,
+        info: dict[str, Any],
+        n_events: int,
+    ) -> None:
         self.con.execute(
             "INSERT INTO sources VALUES (?, ?, ?, ?, ?, ?, ?, 'ok', NULL)",
             [trace_id, path, fmt, size, sha, rank, n_events],
         )
         self.con.execute(
             "INSERT INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 'none', NULL)",
-            [rank, info.get("world_size"), trace_id, info.get("host"), info.get("pid"),
-             info.get("backend"), info.get("device_name"), info.get("num_sms"),
-             bool(info.get("has_gpu"))],
+            [
+                rank,
+                info.get("world_size"),
+                trace_id,
+                info.get("host"),
+                info.get("pid"),
+                info.get("backend"),
+                info.get("device_name"),
+                info.get("num_sms"),
+                bool(info.get("has_gpu")),
+            ],
         )
 
     def add_threads(self, rank: int, threads: Iterable[tuple[int, int, str]]) -> None:
@@ -234,10 +257,14 @@ class _Sink:
         """Nsight reports: each may hold several ranks (one per process)."""
         try:
             from ranklens.ingest.nsys import read_nsys
+
             parts: list[RankPart] = read_nsys(Path(path), trace_id)
             for part in parts:
-                rank = self.claim_rank(trace_id, path, part.rank if part.rank is not None
-                                       else kineto._rank_from_name(path))
+                rank = self.claim_rank(
+                    trace_id,
+                    path,
+                    part.rank if part.rank is not None else kineto._rank_from_name(path),
+                )
                 n = 0
                 for t in part.events:
                     t = _with_rank(t, rank, trace_id)
@@ -255,13 +282,17 @@ def _with_rank(t: pa.Table, rank: int, trace_id: int) -> pa.Table:
     n = t.num_rows
     for name, val in (("rank", rank), ("trace_id", trace_id)):
         col = pa.array([val] * n, pa.int32())
-        t = t.set_column(t.column_names.index(name), name, col) if name in t.column_names \
+        t = (
+            t.set_column(t.column_names.index(name), name, col)
+            if name in t.column_names
             else t.append_column(name, col)
+        )
     return t
 
 
-def _finish_file(sink: _Sink, tid: int, prep: kineto.Prepared, rank: int,
-                 pieces: list[kineto.Piece]) -> None:
+def _finish_file(
+    sink: _Sink, tid: int, prep: kineto.Prepared, rank: int, pieces: list[kineto.Piece]
+) -> None:
     n = 0
     for pc in pieces:
         n += pc.rows
@@ -282,8 +313,9 @@ def _serial_file(sink: _Sink, tid: int, prep: kineto.Prepared, rank: int) -> Non
     _finish_file(sink, tid, prep, rank, pieces)
 
 
-def _run_serial(sink: _Sink, files: list[str], progress: Progress | None,
-                done: int, total: int) -> None:
+def _run_serial(
+    sink: _Sink, files: list[str], progress: Progress | None, done: int, total: int
+) -> None:
     for tid, f in enumerate(files):
         prep = None
         try:
@@ -300,8 +332,9 @@ def _run_serial(sink: _Sink, files: list[str], progress: Progress | None,
             progress(done, total)
 
 
-def _run_parallel(sink: _Sink, files: list[str], n: int, progress: Progress | None,
-                  done: int, total: int) -> None:
+def _run_parallel(
+    sink: _Sink, files: list[str], n: int, progress: Progress | None, done: int, total: int
+) -> None:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["ranklens.ingest.kineto"])
     with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
@@ -323,8 +356,9 @@ def _run_parallel(sink: _Sink, files: list[str], n: int, progress: Progress | No
                 progress(done, total)
 
 
-def _parallel_file(sink: _Sink, pool: ProcessPoolExecutor, tid: int,
-                   prep: kineto.Prepared, rank: int, n: int) -> None:
+def _parallel_file(
+    sink: _Sink, pool: ProcessPoolExecutor, tid: int, prep: kineto.Prepared, rank: int, n: int
+) -> None:
     pending: list[Future[kineto.Piece]] = []
     pieces: list[kineto.Piece] = []
     nxt = 0

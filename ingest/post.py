@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import duckdb
-
 from ranklens.ingest.groups import label_from_description
 from ranklens.ingest.schema import TABLE_BY_NAME
 
@@ -111,10 +110,12 @@ def finish_database(con: duckdb.DuckDBPyConnection, groups: list[dict[str, Any]]
         """UPDATE ranks SET pid = p.pid FROM (SELECT rank, mode(pid) AS pid FROM events
            WHERE device = -1 GROUP BY rank) p WHERE ranks.rank = p.rank AND ranks.pid IS NULL"""
     )
-    con.execute("CREATE OR REPLACE VIEW events_aligned AS SELECT e.*, "
-                "e.ts_ns + COALESCE(r.clock_offset_ns, 0) AS ats_ns, "
-                "e.ts_ns + COALESCE(r.clock_offset_ns, 0) + e.dur_ns AS aend_ns "
-                "FROM events e LEFT JOIN ranks r USING (rank)")
+    con.execute(
+        "CREATE OR REPLACE VIEW events_aligned AS SELECT e.*, "
+        "e.ts_ns + COALESCE(r.clock_offset_ns, 0) AS ats_ns, "
+        "e.ts_ns + COALESCE(r.clock_offset_ns, 0) + e.dur_ns AS aend_ns "
+        "FROM events e LEFT JOIN ranks r USING (rank)"
+    )
 
 
 def _fill_comm_args(con: duckdb.DuckDBPyConnection) -> None:
@@ -154,7 +155,17 @@ def _insert_groups(con: duckdb.DuckDBPyConnection, groups: list[dict[str, Any]])
         g = merged[name]
         size = g.get("size") or (len(g["ranks"]) if g.get("ranks") else None)
         label, evidence = label_from_description(g.get("pg_desc"), size, world)
-        rows.append([name, g.get("pg_desc"), g.get("ranks"), size, g.get("backend"),
-                     label, evidence, g.get("source")])
+        rows.append(
+            [
+                name,
+                g.get("pg_desc"),
+                g.get("ranks"),
+                size,
+                g.get("backend"),
+                label,
+                evidence,
+                g.get("source"),
+            ]
+        )
     if rows:
         con.executemany("INSERT INTO process_groups VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)

@@ -99,7 +99,7 @@ TABLES: tuple[Table, ...] = (
         "process_groups",
         "One row per process group (communicator), merged across the ranks that report it.",
         (
-            Column("pg_name", "VARCHAR", "Group id as the framework numbered it (same on members)."),
+            Column("pg_name", "VARCHAR", "Group id the framework gave it (same on all members)."),
             Column("pg_desc", "VARCHAR", "Description as the framework named it (may be NULL)."),
             Column("ranks", "INTEGER[]", "Member global ranks, in group-rank order."),
             Column("size", "INTEGER", "Number of members."),
@@ -138,7 +138,7 @@ TABLES: tuple[Table, ...] = (
             Column("bytes", "BIGINT", "Bytes moved (memcpy/memset)."),
             Column("launch", "VARCHAR", "Kernel launch shape, 'grid=[..] block=[..]'."),
             Column("shapes", "VARCHAR", "Input shapes of a host op (JSON text)."),
-            Column("concrete", "VARCHAR", "Concrete inputs of a host op (JSON text; gloo p2p peer)."),
+            Column("concrete", "VARCHAR", "Concrete inputs of a host op (JSON; gloo p2p peer)."),
         ),
     ),
     Table(

@@ -18,6 +18,7 @@ import gzip
 import importlib
 import json
 import os
+import shlex
 import socket
 import sys
 import time
@@ -135,7 +136,8 @@ def summarize(part: dict[str, Any]) -> dict[str, Any]:
 def generate(out: Path, *, tp: int = 2, pp: int = 2, dp: int = 2, microbatches: int = 4,
              schedule: str = "1f1b", steps: int = 3, layers: int = 2, hidden: int = 128,
              mb_size: int = 16, slow_rank: int | None = None, slow_ms: float = 0.0,
-             unnamed: bool = False, raw: bool = False) -> dict[str, Any]:
+             unnamed: bool = False, raw: bool = False,
+             command: str | None = None) -> dict[str, Any]:
     """Run the job, write ``rank{r}.json.gz`` (in ``out`` or ``out/raw``) and ``out/truth.json``.
 
     Returns the truth dict. Raises RuntimeError if a trace lacks what the job should have put
@@ -184,6 +186,7 @@ def generate(out: Path, *, tp: int = 2, pp: int = 2, dp: int = 2, microbatches: 
         g["pg_name"] = pg_names.get((g["pg_desc"], tuple(g["ranks"])))
     cpus = os.cpu_count() or 1
     truth = {
+        "command": command,
         "config": cfg,
         "torch_version": torch.__version__,
         "python_version": sys.version.split()[0],
@@ -216,10 +219,71 @@ def generate(out: Path, *, tp: int = 2, pp: int = 2, dp: int = 2, microbatches: 
     return truth
 
 
+# Committed scenarios: name -> (flags, what it shows). Regenerate with --scenario NAME|all.
+SCENARIOS: dict[str, tuple[str, str]] = {
+    "megatron_tp2_pp2_dp2": (
+        "--tp 2 --pp 2 --dp 2 --microbatches 4 --schedule 1f1b --steps 3 --hidden 256",
+        "The main demo: 8 ranks, Megatron layout and group names, 1F1B over 4 micro-batches. "
+        "TP all-reduces inside forward/backward, PP send/recv between stages {0-3} and {4-7}, "
+        "one bucketed DP gradient all-reduce per step.",
+    ),
+    "straggler_rank3": (
+        "--tp 1 --pp 1 --dp 4 --microbatches 2 --steps 3 --slow-rank 3 --slow-ms 20",
+        "Pure data parallel over 4 ranks; rank 3 burns 20 ms of extra matmul per micro-batch "
+        "forward (40 ms per step), so ranks 0-2 wait for it in the DP all-reduce every step.",
+    ),
+    "pp4_gpipe_m2": (
+        "--tp 1 --pp 4 --dp 1 --microbatches 2 --schedule gpipe --steps 3 --hidden 512",
+        "4 pipeline stages, GPipe, only 2 micro-batches: large bubble "
+        "(closed form (p-1)/(m+p-1) = 0.60).",
+    ),
+    "pp4_1f1b_m8": (
+        "--tp 1 --pp 4 --dp 1 --microbatches 8 --schedule 1f1b --steps 3 --hidden 512",
+        "4 pipeline stages, 1F1B, 8 micro-batches: smaller bubble "
+        "(closed form (p-1)/(m+p-1) = 0.27).",
+    ),
+    "unnamed_tp2_pp2_dp2": (
+        "--tp 2 --pp 2 --dp 2 --microbatches 4 --schedule 1f1b --steps 2 --hidden 256 "
+        "--unnamed-groups",
+        "Same job as megatron_tp2_pp2_dp2 (2 steps) but the groups have no description "
+        "(pg_desc 'undefined'): a tool must infer DP/TP/PP from the rank layout.",
+    ),
+}
+
+
+def scenario_readme(name: str, truth: dict[str, Any]) -> str:
+    """README of a committed scenario: the exact command, torch version and what it shows."""
+    cfg = truth["config"]
+    lines = [
+        f"# {name}", "", SCENARIOS[name][1], "",
+        f"Made with torch {truth['torch_version']} (CPU, gloo) on a "
+        f"{truth['tolerances']['host_cpus']}-CPU host ({cfg['world_size']} ranks) by:", "",
+        "```", f"python sample_traces/generate.py --scenario {name}",
+        f"# = {truth['command']}", "```", "",
+        "- `raw/rank{r}.json.gz`: one Kineto trace per rank, "
+        f"{cfg['steps']} profiled steps (ProfilerStep#{truth['profiled_steps'][0]}.."
+        f"#{truth['profiled_steps'][-1]}).",
+        "- `truth.json`: config, group layout (kind, description, ranks, pg_name), injected "
+        "slowdown and per-rank timings measured inside the job (see ../README.md).",
+        "", "Measured per-rank means over the profiled steps (ms; CPU time-sharing inflates "
+        "them, treat as qualitative):", "",
+        "| rank | step | forward | backward | injected slow | p2p recv wait | DP all-reduce |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in truth["ranks"]:
+        m = r["summary"]
+        lines.append(f"| {r['rank']} | {m['step_wall_ms']} | {m['forward_ms']} | "
+                     f"{m['backward_ms']} | {m['injected_slow_ms']} | "
+                     f"{m['p2p_recv_wait_ms']} | {m['dp_allreduce_ms']} |")
+    return "\n".join(lines) + "\n"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--out", type=Path, help="output folder (required without --scenario)")
+    p.add_argument("--scenario", choices=[*SCENARIOS, "all"],
+                   help="regenerate a committed scenario under sample_traces/ (flags preset)")
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--dp", type=int, default=2)
@@ -239,17 +303,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry: generate one scenario and print a one-line summary."""
+def run(argv: list[str], readme_for: str | None = None,
+        recorded: list[str] | None = None) -> None:
+    """Generate one job from command-line flags (and a scenario README if named).
+
+    ``recorded`` is the command line written to truth.json when it differs from ``argv``.
+    """
     a = parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if a.out is None:
+        raise SystemExit("--out is required")
     truth = generate(a.out, tp=a.tp, pp=a.pp, dp=a.dp, microbatches=a.microbatches,
                      schedule=a.schedule, steps=a.steps, layers=a.layers, hidden=a.hidden,
                      mb_size=a.mb_size, slow_rank=a.slow_rank, slow_ms=a.slow_ms,
-                     unnamed=a.unnamed_groups, raw=a.raw)
+                     unnamed=a.unnamed_groups, raw=a.raw,
+                     command="python sample_traces/generate.py " + shlex.join(recorded or argv))
+    if readme_for:
+        (a.out / "README.md").write_text(scenario_readme(readme_for, truth))
     size = sum(f.stat().st_size for f in a.out.glob("**/rank*.json.gz"))
     print(f"wrote {truth['config']['world_size']} traces ({size / 1e6:.2f} MB) to {a.out} "
           f"in {truth['generation_wall_s']} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry: one job from flags, or committed scenarios by name."""
+    argv = sys.argv[1:] if argv is None else argv
+    a = parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if a.scenario is None:
+        run(argv)
+        return 0
+    names = list(SCENARIOS) if a.scenario == "all" else [a.scenario]
+    for name in names:
+        flags = [*shlex.split(SCENARIOS[name][0]), "--raw", "--out"]
+        out = Path(__file__).resolve().parent / name
+        run([*flags, str(out)], readme_for=name, recorded=[*flags, f"sample_traces/{name}"])
     return 0
 
 

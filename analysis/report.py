@@ -1,0 +1,63 @@
+"""The post-run report: every registered analysis, findings ranked by time at stake.
+
+Why here and not in the CLI: the CLI, the dashboard and `check` show the same report, so its
+assembly (what runs, how findings rank, the run's facts) is analysis logic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+from ranklens.analysis._base import Finding, Result
+from ranklens.analysis._sql import query_pl
+
+_SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+@dataclass(frozen=True)
+class Report:
+    """All results of a run plus its facts; findings sorted most costly first."""
+
+    facts: dict[str, Any]
+    results: dict[str, Result]
+    findings: tuple[Finding, ...] = field(default_factory=tuple)
+
+
+def run_facts(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """What the run is: ranks, steps, formats, devices, files skipped."""
+    ranks = query_pl(con, "SELECT * FROM ranks ORDER BY rank")
+    steps = query_pl(con, "SELECT DISTINCT step FROM steps ORDER BY step")
+    skipped = query_pl(con, "SELECT path, error FROM sources WHERE status = 'skipped'")
+    fmts = query_pl(con, "SELECT DISTINCT format FROM sources WHERE status = 'ok'")
+    sizes = ranks["world_size"].drop_nulls().to_list() if ranks.height else []
+    world = max(int(w) for w in sizes) if sizes else None
+    present = set(ranks["rank"].to_list())
+    missing = sorted(set(range(world)) - present) if world is not None else []
+    devices = sorted({d for d in ranks["device_name"].to_list() if d})
+    return {
+        "ranks": ranks["rank"].to_list(),
+        "world_size": world,
+        "missing_ranks": missing,
+        "steps": steps["step"].to_list(),
+        "formats": fmts["format"].to_list(),
+        "devices": devices,
+        "cpu_only": bool(ranks.height) and not any(ranks["has_gpu"].to_list()),
+        "skipped": [dict(r) for r in skipped.iter_rows(named=True)],
+    }
+
+
+def build_report(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] | None = None) -> Report:
+    """Run the registered analyses (all, or `names`) and rank their findings."""
+    from ranklens.analysis import BY_NAME, REGISTRY
+
+    mods = REGISTRY if names is None else tuple(BY_NAME[n] for n in names)
+    results: dict[str, Result] = {}
+    for mod in mods:
+        results[mod.NAME] = mod.run(con)
+    findings = sorted(
+        (f for r in results.values() for f in r.findings),
+        key=lambda f: (-f.time_at_stake_ns, _SEVERITY_ORDER[f.severity.value], f.code),
+    )
+    return Report(run_facts(con), results, tuple(findings))

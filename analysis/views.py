@@ -1,0 +1,32 @@
+"""Analysis results as SQL views, so users can query them next to the tables.
+
+`apply_all_views` creates them as temp views on any connection (read-only included);
+`install_views` also stores them in the database file so any DuckDB client sees them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import duckdb
+from ranklens.analysis._sql import sql_text
+
+VIEW_FILES: tuple[str, ...] = ("intervals", "activity", "breakdown", "overlap")
+
+
+def apply_all_views(con: duckdb.DuckDBPyConnection) -> None:
+    """Create every analysis view and macro as temp objects on `con`."""
+    for name in VIEW_FILES:
+        con.execute(sql_text(name))
+
+
+def install_views(db_path: str | os.PathLike[str]) -> None:
+    """Store the analysis views and macros in the database itself."""
+    con = duckdb.connect(str(db_path))
+    try:
+        for name in VIEW_FILES:
+            con.execute(re.sub(r"\bTEMP\s+", "", sql_text(name)))
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()

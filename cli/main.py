@@ -1,0 +1,228 @@
+"""The `ranklens` command. It narrates and renders; every number comes from ranklens.analysis.
+
+Exit codes: 0 ok, 1 error (bad input, with `error:` and `hint:`), 2 usage error,
+3 a `check` threshold was exceeded.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from ranklens.analysis import BY_NAME
+from ranklens.analysis.report import build_report
+from ranklens.analysis.sql_console import SqlError, run_sql
+from ranklens.analysis.views import install_views
+from ranklens.cli import render
+from ranklens.ingest import RanklensError, load_traces
+from ranklens.ingest.database import open_run
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+from ranklens import __version__
+
+EXIT_HELP = "Exit codes: 0 ok, 1 error, 2 usage error, 3 check threshold exceeded."
+
+app = typer.Typer(
+    name="ranklens",
+    help="Where did each training step's time go, on which rank, and what to change.\n\n"
+    + EXIT_HELP,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console(soft_wrap=False)
+err = Console(stderr=True)
+_state = {"debug": False}
+
+FormatOpt = Annotated[
+    str, typer.Option("--format", "-f", help="table (rich text), json, csv or markdown.")
+]
+SkipBadOpt = Annotated[
+    bool, typer.Option("--skip-bad", help="Skip unreadable files (listed in the report).")
+]
+
+
+def _progress() -> Progress:
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    )
+
+
+def _fail(exc: RanklensError) -> typer.Exit:
+    if _state["debug"]:
+        raise exc
+    err.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+    if exc.hint:
+        err.print(f"[bold]hint:[/] {exc.hint}", highlight=False)
+    return typer.Exit(1)
+
+
+@app.callback()
+def _main(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version.")] = False,
+) -> None:
+    _state["debug"] = debug
+    if version:
+        out.print(f"ranklens {__version__}")
+        raise typer.Exit(0)
+
+
+@app.command()
+def ingest(
+    inputs: Annotated[list[str], typer.Argument(help="Run directory, glob, or trace files.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="DuckDB file to write.")],
+    skip_bad: SkipBadOpt = False,
+    workers: Annotated[int | None, typer.Option(help="Worker processes (default: CPUs).")] = None,
+) -> None:
+    """Load one trace per rank (Kineto JSON/.json.gz, Nsight SQLite) into a DuckDB file."""
+    try:
+        with _progress() as prog:
+            task = prog.add_task("ingesting", total=None)
+            rep = load_traces(
+                inputs,
+                output,
+                on_error="skip" if skip_bad else "raise",
+                workers=workers,
+                progress=lambda done, total: prog.update(task, completed=done, total=total),
+            )
+        install_views(output)
+    except RanklensError as exc:
+        raise _fail(exc) from None
+    out.print(f"ingested {len(rep.ranks)} rank(s), {rep.n_events:,} events -> {output}")
+    for s in rep.skipped:
+        err.print(f"[yellow]skipped:[/] {s.path}: {s.reason}", highlight=False)
+    for w in rep.warnings:
+        err.print(f"[yellow]warning:[/] {w}", highlight=False)
+
+
+def _report(source: list[str], fmt: str, skip_bad: bool) -> None:
+    if fmt not in render.FORMATS:
+        raise typer.BadParameter(f"unknown format {fmt!r}; use one of {render.FORMATS}")
+    try:
+        with _progress() as prog:
+            task = prog.add_task("ingesting", total=None)
+            with open_run(
+                source,
+                on_error="skip" if skip_bad else "raise",
+                progress=lambda d, t: prog.update(task, completed=d, total=t),
+            ) as (con, _):
+                rep = build_report(con)
+    except RanklensError as exc:
+        raise _fail(exc) from None
+    if fmt == "json":
+        out.out(render.report_json(rep), highlight=False)
+    elif fmt == "csv":
+        out.out(render.report_csv(rep), end="", highlight=False)
+    elif fmt == "markdown":
+        out.out(render.report_markdown(rep), end="", highlight=False)
+    else:
+        render.render_table(rep, out)
+
+
+@app.command()
+def report(
+    source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
+    fmt: FormatOpt = "table",
+    skip_bad: SkipBadOpt = False,
+) -> None:
+    """Findings ranked by time at stake, then per-rank breakdown, overlap and parallelism."""
+    _report(source, fmt, skip_bad)
+
+
+@app.command()
+def analyze(
+    name: Annotated[str, typer.Argument(help="Analysis: " + ", ".join(BY_NAME))],
+    source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
+    fmt: FormatOpt = "table",
+    table: Annotated[str | None, typer.Option(help="Secondary table (e.g. by_group).")] = None,
+) -> None:
+    """Run one analysis and print its table (or a secondary table) and findings."""
+    if name not in BY_NAME:
+        raise typer.BadParameter(f"unknown analysis {name!r}; choose from {', '.join(BY_NAME)}")
+    try:
+        with open_run(source) as (con, _):
+            res = BY_NAME[name].run(con)
+    except RanklensError as exc:
+        raise _fail(exc) from None
+    df = res.table if table is None else res.tables.get(table)
+    if df is None:
+        raise typer.BadParameter(f"no table {table!r}; have: {', '.join(res.tables)}")
+    render.frame_out(df, fmt, out, title=f"{name}{'.' + table if table else ''}")
+    if fmt == "table":
+        for fd in res.findings:
+            out.print(f"[bold]{fd.code}[/] ({fd.severity.value}): {fd.message}\n  fix: {fd.fix}")
+
+
+@app.command()
+def sql(
+    database: Annotated[Path, typer.Argument(help="A ranklens DuckDB file.")],
+    query: Annotated[str, typer.Argument(help="SQL over tables and analysis views.")],
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", help="table, csv, json or parquet.")
+    ] = "table",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="File (parquet).")] = None,
+    max_rows: Annotated[int, typer.Option(help="Row limit for table output.")] = 1000,
+) -> None:
+    """Read-only SQL over the run: tables (events, steps, ranks, ...) and analysis views."""
+    try:
+        df = run_sql(database, query, max_rows=None if fmt != "table" else max_rows)
+    except SqlError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print(
+            "[bold]hint:[/] tables: meta, sources, ranks, process_groups, events, "
+            "steps, threads; views: <analysis>_by_step, ...",
+            highlight=False,
+        )
+        raise typer.Exit(1) from None
+    except RanklensError as exc:
+        raise _fail(exc) from None
+    if fmt == "parquet":
+        if output is None:
+            raise typer.BadParameter("--format parquet needs --output FILE")
+        df.write_parquet(output)
+        out.print(f"wrote {df.height} rows to {output}")
+        return
+    if output is not None:
+        with open(output, "w") as fh:
+            render.frame_out(df, fmt, Console(file=fh, width=10_000), title=None)
+        return
+    render.frame_out(df, fmt, out)
+
+
+@app.command()
+def demo(
+    fmt: FormatOpt = "table",
+    scenario: Annotated[
+        str, typer.Option(help="Bundled scenario to analyze.")
+    ] = "megatron_tp2_pp2_dp2",
+) -> None:
+    """Ingest the bundled sample traces (a real 8-rank torch.distributed run) and report."""
+    base = resources.files("ranklens.sample_traces")
+    raw = Path(str(base.joinpath(scenario, "raw")))
+    if not raw.is_dir():
+        names = sorted(p.name for p in Path(str(base)).iterdir() if (p / "raw").is_dir())
+        raise _fail(
+            RanklensError(f"no bundled scenario {scenario!r}", f"choose one of: {', '.join(names)}")
+        )
+    err.print(f"demo: {scenario} ({len(list(raw.iterdir()))} rank files in {raw})")
+    _report([str(raw)], fmt, False)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)

@@ -1,0 +1,241 @@
+"""Low-level access to an Nsight Systems SQLite export: open safely, probe, read fast.
+
+Why a module of its own: every other part of the Nsight reader only asks "which tables and
+columns exist" and "give me these integer columns as Arrow", so version drift and speed are
+handled once, here.
+
+Speed: Python's sqlite3 builds one Python object per value (~0.3 us each here), far too slow
+for tens of millions of kernel rows. Integer columns are therefore read either through the
+ADBC SQLite driver (Arrow-native, used when `adbc_driver_sqlite` is installed) or, with the
+standard library only, by letting SQLite itself pack a rowid range of rows into one hex string
+(`group_concat(printf('%016x...'))`) that numpy decodes in one call. Both read rowid ranges
+on two threads (sqlite3 releases the GIL while it steps), so memory stays bounded by the
+chunk size and both cores work.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+from ranklens.ingest.errors import TraceFormatError
+
+NULL_INT = -(2**63)  # sentinel for SQL NULL in packed integer reads
+NULL_SQL = "(-9223372036854775807 - 1)"  # written so SQLite keeps it an INTEGER
+CHUNK_ROWS = 1 << 17
+_WORKERS = 2
+
+try:  # optional accelerator; the stdlib path below is the fallback
+    import adbc_driver_sqlite.dbapi as _adbc  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # pragma: no cover - depends on the environment
+    _adbc = None
+
+
+def _lenient(raw: bytes) -> str:
+    """Decode TEXT that may not be valid UTF-8 (seen in real exports) without failing."""
+    return raw.decode("utf-8", "replace")
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """A read-only connection that never creates or modifies the file."""
+    con = sqlite3.connect(
+        f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=2.0, check_same_thread=False
+    )
+    con.text_factory = _lenient
+    return con
+
+
+def as_format_error(path: Path, err: sqlite3.Error) -> TraceFormatError:
+    """Turn an SQLite failure into an error that names the file and says what to do."""
+    msg = str(err)
+    if "locked" in msg or "busy" in msg:
+        hint = "another process (nsys export?) is still writing it; wait for it to finish"
+    elif "not a database" in msg or "malformed" in msg or "disk I/O" in msg:
+        hint = (
+            "the file is truncated or damaged; copy it again or re-export it with "
+            f"`nsys export --type sqlite --ts-normalize=true --output {path} "
+            f"{path.with_suffix('.nsys-rep')}`"
+        )
+    else:
+        hint = "check that it is an Nsight Systems SQLite export (`nsys export --type sqlite`)"
+    return TraceFormatError(f"{path}: cannot read the Nsight SQLite file ({msg})", hint)
+
+
+class Report:
+    """One open export: which tables and columns exist, plus typed read helpers."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.con = connect(path)
+        try:
+            rows = self.con.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'"
+            ).fetchall()
+        except sqlite3.Error as err:
+            self.con.close()
+            raise as_format_error(path, err) from err
+        self._tables = {r[0] for r in rows}
+        self._cols: dict[str, list[str]] = {}
+        self._rows: dict[str, bool] = {}
+
+    def close(self) -> None:
+        self.con.close()
+
+    def exists(self, table: str) -> bool:
+        return table in self._tables
+
+    def has(self, table: str) -> bool:
+        """True when the table exists *and* has rows (old exports keep empty tables)."""
+        if table not in self._rows:
+            self._rows[table] = self.exists(table) and bool(
+                self.con.execute(f'SELECT 1 FROM "{table}" LIMIT 1').fetchall()
+            )
+        return self._rows[table]
+
+    def columns(self, table: str) -> list[str]:
+        if table not in self._cols:
+            self._cols[table] = (
+                [r[1] for r in self.con.execute(f'PRAGMA table_info("{table}")')]
+                if self.exists(table)
+                else []
+            )
+        return self._cols[table]
+
+    def col(self, table: str, name: str, default: str = "NULL") -> str:
+        """The column if this export has it, else a constant: selects stay valid across drift."""
+        return f'"{name}"' if name in self.columns(table) else default
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self.con.execute(sql, params).fetchall()
+
+    def kv(self, table: str) -> dict[str, str]:
+        """A (name, value) metadata table as a dict; empty when the table is missing."""
+        if not self.has(table):
+            return {}
+        return {str(k): str(v) for k, v in self.query(f'SELECT name, value FROM "{table}"')}
+
+    def int_chunks(self, table: str, exprs: Sequence[str], where: str = "") -> Iterator[pa.Table]:
+        """Yield Arrow tables (columns c0..cN, int64, nullable) of integer SQL expressions.
+
+        Every expression must evaluate to an INTEGER or NULL on each row.
+        """
+        lo_hi = self.query(f'SELECT min(rowid), max(rowid) FROM "{table}"')
+        lo, hi = lo_hi[0] if lo_hi else (None, None)
+        if lo is None or hi is None:
+            return
+        starts = list(range(int(lo), int(hi) + 1, CHUNK_ROWS))
+        fetch = _AdbcChunk if _adbc is not None else _HexChunk
+        reader = fetch(self.path, table, exprs, where)
+        try:
+            yield from _ordered_parallel(reader.read, starts)
+        finally:
+            reader.close()
+
+
+def _ordered_parallel(fn: Any, starts: list[int]) -> Iterator[pa.Table]:
+    """Map fn over starts on a small thread pool, in order, with a bounded window in flight."""
+    if len(starts) == 1:
+        t = fn(starts[0])
+        if t.num_rows:
+            yield t
+        return
+    with ThreadPoolExecutor(_WORKERS) as pool:
+        window: list[Future[pa.Table]] = []
+        it = iter(starts)
+        for s in it:
+            window.append(pool.submit(fn, s))
+            if len(window) >= 2 * _WORKERS:
+                break
+        while window:
+            t = window.pop(0).result()
+            nxt = next(it, None)
+            if nxt is not None:
+                window.append(pool.submit(fn, nxt))
+            if t.num_rows:
+                yield t
+
+
+def _to_arrow(columns: Sequence[npt.NDArray[np.int64]]) -> pa.Table:
+    cols = {}
+    for i, c in enumerate(columns):
+        null = c == NULL_INT
+        cols[f"c{i}"] = pa.array(c, pa.int64(), mask=null if null.any() else None)
+    return pa.table(cols)
+
+
+def _empty(n: int) -> pa.Table:
+    return _to_arrow([np.empty(0, np.int64) for _ in range(n)])
+
+
+class _HexChunk:
+    """Standard-library reader: SQLite packs a rowid range into one hex string."""
+
+    def __init__(self, path: Path, table: str, exprs: Sequence[str], where: str) -> None:
+        self.path = path
+        self.n = len(exprs)
+        packed = ", ".join(f"ifnull({e}, {NULL_SQL})" for e in exprs)
+        fmt = "%016x" * self.n
+        cond = f" AND ({where})" if where else ""
+        self.sql = (
+            f"SELECT group_concat(printf('{fmt}', {packed}), '') FROM \"{table}\" "
+            f"WHERE rowid >= ? AND rowid < ?{cond}"
+        )
+        self.local = threading.local()
+        self.cons: list[sqlite3.Connection] = []
+
+    def read(self, start: int) -> pa.Table:
+        con = getattr(self.local, "con", None)
+        if con is None:
+            con = self.local.con = connect(self.path)
+            self.cons.append(con)
+        (text,) = con.execute(self.sql, (start, start + CHUNK_ROWS)).fetchone()
+        if not text:
+            return _empty(self.n)
+        mat = np.frombuffer(bytes.fromhex(text), dtype=">i8").reshape(-1, self.n)
+        return _to_arrow([mat[:, i].astype(np.int64) for i in range(self.n)])
+
+    def close(self) -> None:
+        for c in self.cons:
+            c.close()
+
+
+class _AdbcChunk:
+    """Arrow-native reader through the ADBC SQLite driver (C, no Python objects per value)."""
+
+    def __init__(self, path: Path, table: str, exprs: Sequence[str], where: str) -> None:
+        self.uri = f"{path.resolve().as_uri()}?mode=ro"
+        self.n = len(exprs)
+        cols = ", ".join(f"ifnull({e}, {NULL_SQL}) AS c{i}" for i, e in enumerate(exprs))
+        cond = f" AND ({where})" if where else ""
+        self.sql = f'SELECT {cols} FROM "{table}" WHERE rowid >= ? AND rowid < ?{cond}'
+        self.local = threading.local()
+        self.cons: list[Any] = []
+
+    def read(self, start: int) -> pa.Table:
+        con = getattr(self.local, "con", None)
+        if con is None:
+            assert _adbc is not None
+            con = self.local.con = _adbc.connect(self.uri)
+            self.cons.append(con)
+        cur = con.cursor()
+        try:
+            cur.execute(
+                self.sql.replace("?", str(start), 1).replace("?", str(start + CHUNK_ROWS), 1)
+            )
+            tab: pa.Table = cur.fetch_arrow_table()
+        finally:
+            cur.close()
+        if tab.num_rows == 0:
+            return _empty(self.n)
+        return _to_arrow([tab.column(i).to_numpy().astype(np.int64) for i in range(self.n)])
+
+    def close(self) -> None:
+        for c in self.cons:
+            c.close()

@@ -1,0 +1,113 @@
+"""Shared pytest fixtures and options for the ranklens test suite.
+
+Groups (add new fixtures under a heading of their own):
+- options: `--update-goldens`.
+- databases: `tmp_db`, `ingest` (build traces -> ingest -> read-only connection).
+- real traces: `shared_traces` (../shared/traces/public, skipped when absent).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import duckdb
+import pytest
+
+# Make `tests/` importable so test modules can `from kineto_builder import ...`.
+_TESTS_DIR = Path(__file__).resolve().parent
+if str(_TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(_TESTS_DIR))
+
+from kineto_builder import KinetoTrace  # noqa: E402
+
+from ranklens.ingest import load_traces  # noqa: E402
+
+REPO_ROOT = _TESTS_DIR.parent
+
+
+# ---------------------------------------------------------------------------------------------
+# options
+# ---------------------------------------------------------------------------------------------
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-goldens",
+        action="store_true",
+        default=False,
+        help="rewrite golden (expected) output files instead of comparing against them",
+    )
+
+
+@pytest.fixture
+def update_goldens(request: pytest.FixtureRequest) -> bool:
+    """True when the run was started with --update-goldens."""
+    return bool(request.config.getoption("--update-goldens"))
+
+
+# ---------------------------------------------------------------------------------------------
+# databases built from synthetic traces
+# ---------------------------------------------------------------------------------------------
+IngestFn = Callable[..., duckdb.DuckDBPyConnection]
+
+
+@pytest.fixture
+def tmp_db(tmp_path: Path) -> Path:
+    """Path of a database file that does not exist yet."""
+    return tmp_path / "db" / "run.duckdb"
+
+
+@pytest.fixture
+def ingest(tmp_path: Path, tmp_db: Path) -> Iterator[IngestFn]:
+    """`ingest(traces_or_paths, **load_traces_kwargs)` -> read-only connection.
+
+    Accepts `KinetoTrace` objects (written as `rank<N>.json` under a fresh directory) and/or
+    paths; calls `load_traces(..., workers=1)` unless told otherwise. Connections are closed
+    at teardown.
+    """
+    cons: list[duckdb.DuckDBPyConnection] = []
+    counter = iter(range(1_000_000))
+
+    def run(
+        items: Sequence[KinetoTrace | Path | str] | KinetoTrace, **kw: object
+    ) -> duckdb.DuckDBPyConnection:
+        seq = [items] if isinstance(items, KinetoTrace) else list(items)
+        n = next(counter)
+        paths: list[str] = []
+        for i, item in enumerate(seq):
+            if isinstance(item, KinetoTrace):
+                label = item.rank if item.rank is not None else f"x{i}"
+                paths.append(str(item.write(tmp_path / f"traces{n}" / f"rank{label}.json")))
+            else:
+                paths.append(str(item))
+        db = tmp_db.with_name(f"run{n}.duckdb")
+        db.parent.mkdir(parents=True, exist_ok=True)
+        kw.setdefault("workers", 1)
+        load_traces(paths, db, **kw)  # type: ignore[arg-type]
+        con = duckdb.connect(str(db), read_only=True)
+        cons.append(con)
+        return con
+
+    yield run
+    for con in cons:
+        con.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# real public traces
+# ---------------------------------------------------------------------------------------------
+SHARED_TRACES = REPO_ROOT.parent / "shared" / "traces" / "public"
+
+
+@pytest.fixture(scope="session")
+def shared_traces() -> Path:
+    """`../shared/traces/public` beside the repository.
+
+    Skips the test when absent, unless RANKLENS_REQUIRE_SHARED=1 (then it fails)."""
+    if SHARED_TRACES.is_dir():
+        return SHARED_TRACES
+    msg = f"shared traces not found at {SHARED_TRACES}"
+    if os.environ.get("RANKLENS_REQUIRE_SHARED") == "1":
+        pytest.fail(msg + " (RANKLENS_REQUIRE_SHARED=1)")
+    pytest.skip(msg)
