@@ -23,15 +23,18 @@ class SqlError(Exception):
 def safe_connect(db_path: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:
     """A read-only, sandboxed connection with the analysis views installed (as temp views)."""
     connect(db_path).close()  # raises a clear error for a missing or foreign file
-    con = duckdb.connect(
-        str(db_path),
-        read_only=True,
-        config={
-            "enable_external_access": False,
-            "autoinstall_known_extensions": False,
-            "autoload_known_extensions": False,
-        },
-    )
+    try:
+        con = duckdb.connect(
+            str(db_path),
+            read_only=True,
+            config={
+                "enable_external_access": False,
+                "autoinstall_known_extensions": False,
+                "autoload_known_extensions": False,
+            },
+        )
+    except duckdb.Error as exc:
+        raise SqlError(f"{db_path}: cannot open the database sandboxed ({exc})") from None
     apply_all_views(con)
     con.execute("SET lock_configuration = true")
     return con
@@ -57,7 +60,12 @@ def run_sql(
         if max_rows is not None:
             rel = rel.limit(max_rows)
         df: pl.DataFrame = rel.pl()
-        return df
+        # SUM over BIGINT is HUGEINT in DuckDB; ns totals fit int64, which every client reads.
+        whole = [n for n, t in df.schema.items() if isinstance(t, pl.Decimal) and t.scale == 0]
+        return df.with_columns(
+            pl.col(pl.Int128).cast(pl.Int64, strict=False),
+            *[pl.col(n).cast(pl.Int64, strict=False) for n in whole],
+        )
     except duckdb.InterruptException:
         raise SqlError(f"query stopped after {timeout_s:.0f} s") from None
     except duckdb.Error as exc:

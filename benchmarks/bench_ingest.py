@@ -113,8 +113,11 @@ def _copies(events: list[dict[str, Any]]) -> Iterator[tuple[int, dict[str, Any]]
             v = (e.get("args") or {}).get(key)
             if isinstance(v, int):
                 max_id = max(max_id, v)
-    steps = [int(e["name"].split("#", 1)[1]) for e in timed
-             if str(e.get("name", "")).startswith("ProfilerStep#")]
+    steps = [
+        int(e["name"].split("#", 1)[1])
+        for e in timed
+        if str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
     step_stride = (max(steps) - min(steps) + 1) if steps else 0
     yield from ((0, e) for e in events if e.get("ph") == "M")
     k = 0
@@ -165,8 +168,16 @@ def build_trace(source: Path, size_mb: int) -> tuple[Path, int]:
             out.write(f"\n  ]{sep}")
         out.write("}\n")
     tmp.replace(dest)
-    sidecar.write_text(json.dumps({"size": dest.stat().st_size, "events": n_events,
-                                   "copies": n_copies, "source": str(source)}))
+    sidecar.write_text(
+        json.dumps(
+            {
+                "size": dest.stat().st_size,
+                "events": n_events,
+                "copies": n_copies,
+                "source": str(source),
+            }
+        )
+    )
     return dest, n_events
 
 
@@ -245,23 +256,33 @@ def report(size_mb: float, n_events: int, rl: Run, hta: Run | None) -> bool:
     """Print the figures and targets; True if every checked target passed."""
     mbps = size_mb / rl.wall_s
     x_mem = rl.peak_pss_mb / size_mb
-    print(f"trace: {size_mb:.1f} MB uncompressed, {n_events:,} events in file, "
-          f"{rl.result.get('events', '?'):,} rows in ranklens events table")
-    print(f"{'tool':<10}{'wall s':>9}{'MB/s':>9}{'peak PSS MB':>13}{'x file':>8}"
-          f"{'RSS-sum MB':>12}{'maxrss MB':>11}")
+    print(
+        f"trace: {size_mb:.1f} MB uncompressed, {n_events:,} events in file, "
+        f"{rl.result.get('events', '?'):,} rows in ranklens events table"
+    )
+    print(
+        f"{'tool':<10}{'wall s':>9}{'MB/s':>9}{'peak PSS MB':>13}{'x file':>8}"
+        f"{'RSS-sum MB':>12}{'maxrss MB':>11}"
+    )
     runs = [("ranklens", rl)] + ([("HTA", hta)] if hta else [])
     for name, r in runs:
-        print(f"{name:<10}{r.wall_s:>9.2f}{size_mb / r.wall_s:>9.1f}{r.peak_pss_mb:>13.0f}"
-              f"{r.peak_pss_mb / size_mb:>8.2f}{r.peak_rss_sum_mb:>12.0f}{r.ru_maxrss_mb:>11.0f}")
+        print(
+            f"{name:<10}{r.wall_s:>9.2f}{size_mb / r.wall_s:>9.1f}{r.peak_pss_mb:>13.0f}"
+            f"{r.peak_pss_mb / size_mb:>8.2f}{r.peak_rss_sum_mb:>12.0f}{r.ru_maxrss_mb:>11.0f}"
+        )
     ok = mbps >= TARGET_MBPS and x_mem <= TARGET_RSS_X
     print(f"[{_verdict(mbps >= TARGET_MBPS)}] throughput {mbps:.1f} MB/s (target >= {TARGET_MBPS})")
-    print(f"[{_verdict(x_mem <= TARGET_RSS_X)}] peak memory {x_mem:.2f}x file "
-          f"(target <= {TARGET_RSS_X}x)")
+    print(
+        f"[{_verdict(x_mem <= TARGET_RSS_X)}] peak memory {x_mem:.2f}x file "
+        f"(target <= {TARGET_RSS_X}x)"
+    )
     if hta:
         speedup = hta.wall_s / rl.wall_s
         ok = ok and speedup >= TARGET_SPEEDUP
-        print(f"[{_verdict(speedup >= TARGET_SPEEDUP)}] speedup vs HTA {speedup:.1f}x "
-              f"(target >= {TARGET_SPEEDUP}x)")
+        print(
+            f"[{_verdict(speedup >= TARGET_SPEEDUP)}] speedup vs HTA {speedup:.1f}x "
+            f"(target >= {TARGET_SPEEDUP}x)"
+        )
     return ok
 
 

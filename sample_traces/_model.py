@@ -26,7 +26,7 @@ SLOW_MATMUL_N = 192  # size of the square matmul repeated to burn the injected t
 Work = Any  # torch.distributed Work handle (untyped in torch's stubs)
 
 
-class _CopyToTP(torch.autograd.Function):
+class _CopyToTP(torch.autograd.Function):  # type: ignore[misc, unused-ignore]
     """Megatron's ``f``: identity in forward, all-reduce of the input gradient in backward."""
 
     @staticmethod
@@ -41,7 +41,7 @@ class _CopyToTP(torch.autograd.Function):
         return grad, None
 
 
-class _ReduceFromTP(torch.autograd.Function):
+class _ReduceFromTP(torch.autograd.Function):  # type: ignore[misc, unused-ignore]
     """Megatron's ``g``: all-reduce of the row-parallel output in forward, identity in backward."""
 
     @staticmethod
@@ -55,7 +55,7 @@ class _ReduceFromTP(torch.autograd.Function):
         return grad, None
 
 
-class ParallelMLP(nn.Module):
+class ParallelMLP(nn.Module):  # type: ignore[misc, unused-ignore]
     """Column-parallel then row-parallel Linear with a residual, as in a Megatron MLP block."""
 
     def __init__(self, hidden: int, tp_size: int, tp_group: Any) -> None:
@@ -70,11 +70,11 @@ class ParallelMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x
         if self.tp_size > 1:
-            h = _CopyToTP.apply(x, self.tp_group)  # type: ignore[no-untyped-call]
+            h = _CopyToTP.apply(x, self.tp_group)  # type: ignore[no-untyped-call, unused-ignore]
         h = nn.functional.gelu(self.fc1(h))
         y: torch.Tensor = self.fc2(h)
         if self.tp_size > 1:
-            y = _ReduceFromTP.apply(y, self.tp_group)  # type: ignore[no-untyped-call]
+            y = _ReduceFromTP.apply(y, self.tp_group)  # type: ignore[no-untyped-call, unused-ignore]
         return x + y + self.bias2
 
 

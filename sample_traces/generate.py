@@ -165,7 +165,7 @@ def generate(out: Path, *, tp: int = 2, pp: int = 2, dp: int = 2, microbatches: 
     worker = _load_worker()
     t0 = time.perf_counter()
     spawn_args = (cfg, layout, free_port(), str(trace_dir))
-    mp.spawn(worker.worker, args=spawn_args, nprocs=world, join=True)  # type: ignore[attr-defined,no-untyped-call]
+    mp.spawn(worker.worker, args=spawn_args, nprocs=world, join=True)  # type: ignore[attr-defined, no-untyped-call, unused-ignore]
     wall = time.perf_counter() - t0
 
     problems: list[str] = []

@@ -1,0 +1,233 @@
+"""Kineto events -> Arrow columns: the per-event half of the Kineto reader.
+
+Why separate: kineto.py plans and decodes pieces of a file; this module turns one piece's typed
+structs into the normalized `events` columns (kind classified once, here, per distinct name).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+from ranklens.ingest.classify import comm_op_of, kind_of
+from ranklens.ingest.errors import TraceFormatError
+
+_INT64_MAX = 2**63 - 1
+
+
+class _Args(msgspec.Struct, gc=False):
+    external_id: int | None = msgspec.field(name="External id", default=None)
+    correlation: int | None = None
+    stream: int | None = None
+    device: int | None = None
+    coll: str | None = msgspec.field(name="Collective name", default=None)
+    in_nelems: int | None = msgspec.field(name="In msg nelems", default=None)
+    out_nelems: int | None = msgspec.field(name="Out msg nelems", default=None)
+    group_size: int | None = msgspec.field(name="Group size", default=None)
+    dtype: str | None = None
+    pg_name: str | None = msgspec.field(name="Process Group Name", default=None)
+    pg_desc: str | None = msgspec.field(name="Process Group Description", default=None)
+    pg_ranks: str | list[int] | None = msgspec.field(name="Process Group Ranks", default=None)
+    seq: int | None = msgspec.field(name="Seq", default=None)
+    nbytes: int | float | None = msgspec.field(name="bytes", default=None)
+    grid: list[int] | None = None
+    block: list[int] | None = None
+    dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))
+    concrete: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=msgspec.Raw(b""))
+    name: str | None = None  # metadata events (process_name / thread_name)
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: str = ""
+    cat: str | None = None
+    name: str = ""
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: float | None = None
+    dur: float | None = None
+    args: _Args | None = None
+
+
+def _fail(path: str, what: str, hint: str | None = None) -> TraceFormatError:
+    return TraceFormatError(
+        f"{path}: {what}",
+        hint or "check that the file is a complete PyTorch profiler (Kineto) JSON trace",
+    )
+
+
+def _parse_ranks(value: str | list[int] | None) -> list[int] | None:
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [int(v) for v in value]
+    nums = re.findall(r"-?\d+", value)
+    return [int(n) for n in nums] if nums else None
+
+
+_HOST = -1
+
+
+def _to_int(v: int | str | None) -> int:
+    if isinstance(v, int):
+        return v
+    if v is None:
+        return 0
+    try:
+        return int(v)
+    except ValueError:
+        return zlib.crc32(v.encode()) & 0x7FFFFFFF
+
+
+def _us_to_ns(values: list[float | None]) -> np.ndarray:
+    """Exact integer-µs part plus rounded sub-µs part (avoids float64 error on epoch µs)."""
+    arr = np.asarray(values, dtype=np.float64)
+    whole = np.floor(arr)
+    return whole.astype(np.int64) * 1000 + np.rint((arr - whole) * 1000.0).astype(np.int64)
+
+
+def _checked_int64(path: str, name: str, values: list[Any]) -> pa.Array:
+    try:
+        return pa.array(values, pa.int64())
+    except (OverflowError, pa.ArrowInvalid):
+        bad = next(i for i, v in enumerate(values) if v is not None and abs(v) > _INT64_MAX)
+        raise _fail(
+            path,
+            f"`{name}` of an event is beyond int64 ({values[bad]})",
+            "the trace holds an id ranklens cannot store; report it with the file",
+        ) from None
+
+
+def columns(
+    path: str,
+    has_dev: bool,
+    backend: str | None,
+    base_ns: int,
+    events: list[_Event],
+    rank: int,
+    trace_id: int,
+) -> tuple[pa.Table, list[tuple[int, int, str]], list[dict[str, Any]]]:
+    """Typed structs -> Arrow event columns; metadata -> thread labels; args -> groups."""
+    threads: list[tuple[int, int, str]] = []
+    timed: list[_Event] = []
+    for e in events:
+        if e.ph == "X":
+            if e.cat != "Trace":
+                timed.append(e)
+        elif e.ph == "M" and e.args is not None and e.args.name is not None:
+            if e.name == "process_name":
+                threads.append((_to_int(e.pid), -1, e.args.name))
+            elif e.name == "thread_name":
+                threads.append((_to_int(e.pid), _to_int(e.tid), e.args.name))
+    for i, e in enumerate(timed):
+        if e.ts is None or e.dur is None or e.dur < 0:
+            what = (
+                "no timestamp"
+                if e.ts is None
+                else ("no duration" if e.dur is None else f"a negative duration ({e.dur} µs)")
+            )
+            raise _fail(
+                path,
+                f"event {e.name!r} (timed event #{i} of a piece) has {what}",
+                "the trace is damaged; --skip-bad ingests the other ranks",
+            )
+    empty = _Args()
+    args = [e.args or empty for e in timed]
+    cats = [e.cat or "" for e in timed]
+    names = [e.name for e in timed]
+    kind_cache: dict[tuple[str, str, str | None], tuple[str, str | None]] = {}
+    kinds: list[str] = []
+    ops: list[str | None] = []
+    for c, nm, a in zip(cats, names, args, strict=True):
+        key = (c, nm, a.coll)
+        hit = kind_cache.get(key)
+        if hit is None:
+            hit = (kind_of(c, nm, has_dev), comm_op_of(c, nm, a.coll))
+            kind_cache[key] = hit
+        kinds.append(hit[0])
+        ops.append(hit[1])
+    device_like = [c in _DEVICE_LIKE for c in cats]
+    pids = [_to_int(e.pid) for e in timed]
+    tids = [_to_int(e.tid) for e in timed]
+    devices = [
+        (a.device if a.device is not None else p) if d else _HOST
+        for a, p, d in zip(args, pids, device_like, strict=True)
+    ]
+    streams = [
+        (a.stream if a.stream is not None else t) if d else t
+        for a, t, d in zip(args, tids, device_like, strict=True)
+    ]
+    ts_ns = _us_to_ns([e.ts for e in timed]) + base_ns
+    dur_ns = _us_to_ns([e.dur for e in timed])
+    n = len(timed)
+    cols: dict[str, pa.Array] = {
+        "rank": pa.array(np.full(n, rank, dtype=np.int32)),
+        "trace_id": pa.array(np.full(n, trace_id, dtype=np.int32)),
+        "kind": pa.array(kinds, pa.string()),
+        "cat": pa.array(cats, pa.string()),
+        "name": pa.array(names, pa.string()),
+        "device": pa.array(devices, pa.int32()),
+        "stream": _checked_int64(path, "stream", streams),
+        "pid": _checked_int64(path, "pid", pids),
+        "tid": _checked_int64(path, "tid", tids),
+        "ts_ns": pa.array(ts_ns, pa.int64()),
+        "dur_ns": pa.array(dur_ns, pa.int64()),
+        "correlation": _checked_int64(path, "correlation", [a.correlation for a in args]),
+        "external_id": _checked_int64(path, "External id", [a.external_id for a in args]),
+        "coll_op": pa.array(ops, pa.string()),
+        "pg_name": pa.array([a.pg_name for a in args], pa.string()),
+        "in_nelems": _checked_int64(path, "In msg nelems", [a.in_nelems for a in args]),
+        "out_nelems": _checked_int64(path, "Out msg nelems", [a.out_nelems for a in args]),
+        "dtype": pa.array([a.dtype for a in args], pa.string()),
+        "group_size": pa.array([a.group_size for a in args], pa.int32()),
+        "seq": _checked_int64(path, "Seq", [a.seq for a in args]),
+        "peer": pa.nulls(n, pa.int32()),
+        "bytes": _checked_int64(
+            path, "bytes", [None if a.nbytes is None else int(a.nbytes) for a in args]
+        ),
+        "launch": pa.array([_launch(a) for a in args], pa.string()),
+        "shapes": pa.array([_text(a.dims) for a in args], pa.string()),
+        "concrete": pa.array([_text(a.concrete) for a in args], pa.string()),
+    }
+    return pa.table(cols), threads, _arg_groups(args, backend)
+
+
+_DEVICE_LIKE = frozenset(("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"))
+
+
+def _text(raw: msgspec.Raw) -> str | None:
+    return bytes(raw).decode() if len(raw) else None
+
+
+def _arg_groups(args: list[_Args], backend: str | None) -> list[dict[str, Any]]:
+    """Process groups named on events (NCCL kernels, record_param_comms)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for a in args:
+        if a.pg_name is None or a.pg_name in seen:
+            continue
+        ranks = _parse_ranks(a.pg_ranks)
+        desc = None if a.pg_desc in (None, "undefined") else a.pg_desc
+        seen[a.pg_name] = {
+            "pg_name": a.pg_name,
+            "pg_desc": desc,
+            "ranks": ranks,
+            "size": a.group_size if a.group_size is not None else (len(ranks) if ranks else None),
+            "backend": backend,
+            "source": "event_args",
+        }
+    return list(seen.values())
+
+
+def _ranks_text(v: str | list[int] | None) -> str | None:
+    if v is None or isinstance(v, str):
+        return v
+    return "[" + ", ".join(str(x) for x in v) + "]"
+
+
+def _launch(a: _Args) -> str | None:
+    if a.grid is None and a.block is None:
+        return None
+    return f"grid={a.grid} block={a.block}"

@@ -1,0 +1,123 @@
+"""The CLI as a user runs it: exit codes, error/hint messages, formats, the read-only SQL."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from ranklens.cli.main import app
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "straggler_rank3" / "raw"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "run.duckdb"
+    res = runner.invoke(app, ["ingest", str(SAMPLE), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "ingested 4 rank(s)" in res.output
+    return out
+
+
+def test_help_documents_exit_codes() -> None:
+    res = runner.invoke(app, ["--help"])
+    assert res.exit_code == 0
+    assert "3 check threshold exceeded" in res.output
+    for cmd in ("ingest", "report", "analyze", "sql", "demo"):
+        sub = runner.invoke(app, [cmd, "--help"])
+        assert sub.exit_code == 0, cmd
+
+
+def test_report_formats(db: Path) -> None:
+    text = runner.invoke(app, ["report", str(db)])
+    assert text.exit_code == 0 and "Findings" in text.output and "Per rank" in text.output
+    js = json.loads(runner.invoke(app, ["report", str(db), "--format", "json"]).output)
+    assert js["facts"]["ranks"] == [0, 1, 2, 3]
+    assert {"breakdown", "overlap"} <= set(js["analyses"])
+    out = runner.invoke(app, ["report", str(db), "-f", "csv"]).output
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert {int(r["rank"]) for r in rows} == {0, 1, 2, 3}
+    assert all(int(r["window_ns"]) > 0 for r in rows)
+    md = runner.invoke(app, ["report", str(db), "-f", "markdown"]).output
+    assert md.startswith("# ranklens report") and "| rank |" in md
+
+
+def test_report_on_run_dir_equals_db(db: Path) -> None:
+    a = json.loads(runner.invoke(app, ["report", str(SAMPLE), "-f", "json"]).output)
+    b = json.loads(runner.invoke(app, ["report", str(db), "-f", "json"]).output)
+    assert a["analyses"] == b["analyses"]
+
+
+def test_sql_and_views(db: Path) -> None:
+    q = "SELECT rank, sum(dur_ns) AS t FROM events WHERE kind='comm' GROUP BY 1 ORDER BY 1"
+    res = runner.invoke(app, ["sql", str(db), q, "--format", "json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    con = duckdb.connect(str(db), read_only=True)
+    want = con.execute(q).fetchall()
+    con.close()
+    assert [(r["rank"], r["t"]) for r in got] == [(r, int(t)) for r, t in want]
+    q2 = "SELECT count(*) AS n FROM overlap_by_step"
+    view = runner.invoke(app, ["sql", str(db), q2, "-f", "csv"])
+    assert view.exit_code == 0 and view.output.splitlines()[1] == str(4 * 3)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "COPY (SELECT 1) TO '/tmp/ranklens_cli_pwned.csv'",
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "ATTACH '/tmp/ranklens_other.duckdb'",
+        "INSTALL httpfs",
+        "DELETE FROM events",
+    ],
+)
+def test_sql_is_read_only_and_sandboxed(db: Path, query: str) -> None:
+    res = runner.invoke(app, ["sql", str(db), query])
+    assert res.exit_code == 1
+    assert "error:" in res.output
+    assert not Path("/tmp/ranklens_cli_pwned.csv").exists()
+
+
+def test_bad_input_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "rank0.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1')
+    res = runner.invoke(app, ["report", str(bad)])
+    assert res.exit_code == 1
+    assert "error:" in res.output and str(bad) in res.output and "hint:" in res.output
+    assert "Traceback" not in res.output
+    empty = runner.invoke(app, ["report", str(tmp_path / "nothing_here")])
+    assert empty.exit_code == 1 and "error:" in empty.output
+
+
+def test_skip_bad_reports_what_it_skipped(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    for f in SAMPLE.iterdir():
+        (run / f.name).write_bytes(f.read_bytes())
+    (run / "rank9.json").write_text("not json")
+    res = runner.invoke(app, ["report", str(run), "--skip-bad"])
+    assert res.exit_code == 0, res.output
+    assert "skipped:" in res.output and "rank9.json" in res.output
+
+
+def test_usage_error_exit_code(db: Path) -> None:
+    assert runner.invoke(app, ["analyze", "nope", str(db)]).exit_code == 2
+    assert runner.invoke(app, ["report", str(db), "--format", "xml"]).exit_code == 2
+
+
+def test_installed_demo_runs() -> None:
+    """The README's quick-start command, through the installed entry point."""
+    exe = Path(sys.executable).with_name("ranklens")
+    res = subprocess.run([str(exe), "demo"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "Findings" in res.stdout and "ranks: 8 of 8" in res.stdout
