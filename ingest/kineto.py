@@ -119,34 +119,39 @@ def _rank_from_name(path: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def prepare(path: str) -> Prepared:
-    """First pass: hash, inflate, read the header, locate the events and plan the pieces."""
+def prepare(path: str, piece_bytes: int | None = None) -> Prepared:
+    """First pass: hash, inflate, read the header, locate the events and plan the pieces.
+
+    `piece_bytes` (default PIECE_BYTES) is passed explicitly by the parallel loader: this runs
+    in a worker process, where the parent's PIECE_BYTES setting would not be seen."""
     if not os.path.isfile(path):
         raise _fail(path, "no such file", "check the path")
     size = os.path.getsize(path)
     sha = _hash_file(path)
     data_path, tmp = _uncompressed(path)
     try:
-        return _prepare_data(path, data_path, tmp, size, sha)
+        return _prepare_data(path, data_path, tmp, size, sha, piece_bytes or PIECE_BYTES)
     except BaseException:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _prepare_data(path: str, data_path: str, tmp: str | None, size: int, sha: str) -> Prepared:
+def _prepare_data(
+    path: str, data_path: str, tmp: str | None, size: int, sha: str, piece_bytes: int
+) -> Prepared:
     raw_size = os.path.getsize(data_path)
     if raw_size == 0:
         raise _fail(path, "the file is empty")
     with open(data_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         try:
             hdr = msgspec.json.decode(mm, type=_Header)
+        except msgspec.ValidationError as exc:  # (a DecodeError subclass: test it first)
+            raise _fail(path, f"not a Kineto trace: {exc}") from None
         except msgspec.DecodeError as exc:
             raise _fail(path, f"not valid JSON: {exc}") from None
-        except msgspec.ValidationError as exc:
-            raise _fail(path, f"not a Kineto trace: {exc}") from None
         except UnicodeDecodeError as exc:
-            raise _fail(path, f"invalid UTF-8 at byte {exc.start}") from None
+            raise _fail(path, f"invalid UTF-8 at byte {_utf8_error_at(mm, exc, 0)}") from None
         events_len = len(hdr.traceEvents)
         hdr.traceEvents = msgspec.Raw(b"")  # drop the view into the mmap before closing it
         if events_len == 0:
@@ -158,7 +163,7 @@ def _prepare_data(path: str, data_path: str, tmp: str | None, size: int, sha: st
         end = start + events_len
         if mm[end - 1 : end] != b"]":
             raise _fail(path, "could not delimit the `traceEvents` array")
-        pieces = _plan_pieces(mm, start + 1, end - 1)
+        pieces = _plan_pieces(mm, start + 1, end - 1, piece_bytes)
         has_device = _HAS_DEVICE_RE.search(mm, start, end) is not None
     dist = hdr.distributedInfo or _DistInfo()
     rank = dist.rank if dist.rank is not None else _rank_from_name(path)
@@ -212,13 +217,13 @@ def _groups(dist: _DistInfo) -> list[dict[str, Any]]:
     return out
 
 
-def _plan_pieces(mm: mmap.mmap, lo: int, hi: int) -> list[tuple[int, int]]:
-    """Cut [lo, hi) at event boundaries roughly every PIECE_BYTES. A cut that lands inside a
+def _plan_pieces(mm: mmap.mmap, lo: int, hi: int, piece_bytes: int) -> list[tuple[int, int]]:
+    """Cut [lo, hi) at event boundaries roughly every `piece_bytes`. A cut that lands inside a
     nested value is harmless: decoding that piece fails and it is merged with the next."""
     pieces = []
     pos = lo
-    while hi - pos > PIECE_BYTES:
-        m = _BOUNDARY_RE.search(mm, pos + PIECE_BYTES, hi)
+    while hi - pos > piece_bytes:
+        m = _BOUNDARY_RE.search(mm, pos + piece_bytes, hi)
         if m is None:
             break
         cut = m.start() + 1  # just after the '}'
@@ -258,22 +263,34 @@ def decode_piece(
             except (msgspec.DecodeError, UnicodeDecodeError, msgspec.ValidationError) as exc:
                 if not serial and len(prep.pieces) > 1:
                     raise BadCut(str(exc)) from None
-                if index + consumed < len(prep.pieces) and consumed < 4:
+                # The header pass checked the array's JSON syntax, so a syntax error here is a
+                # cut inside a nested value: merging always ends it (the last piece ends at the
+                # array's end). Other errors are real once a few merges did not help.
+                syntax = type(exc) is msgspec.DecodeError
+                if index + consumed < len(prep.pieces) and (consumed < 4 or syntax):
                     hi = prep.pieces[index + consumed][1]
                     consumed += 1
                     continue
-                raise _decode_error(prep.path, exc, lo) from None
+                bad = _utf8_error_at(mm, exc, lo, hi) if isinstance(exc, UnicodeDecodeError) else lo
+                raise _decode_error(prep.path, exc, lo, bad) from None
     table, threads, groups = columns(
         prep.path, prep.has_device, prep.info.get("backend"), prep.base_ns, events, rank, trace_id
     )
     return Piece(table, threads, groups, consumed, table.num_rows)
 
 
-def _decode_error(path: str, exc: Exception, offset: int) -> TraceFormatError:
+def _utf8_error_at(buf: mmap.mmap, exc: UnicodeDecodeError, lo: int, hi: int = -1) -> int:
+    """File offset of the invalid byte: msgspec's `exc.start` counts from the start of the
+    string it was decoding (`exc.object`), so find that string in buf[lo:hi]."""
+    at = buf.find(bytes(exc.object), lo, len(buf) if hi < 0 else hi) if exc.object else -1
+    return (at if at >= 0 else lo) + exc.start
+
+
+def _decode_error(path: str, exc: Exception, offset: int, bad_byte: int) -> TraceFormatError:
     if isinstance(exc, UnicodeDecodeError):
         return _fail(
             path,
-            f"invalid UTF-8 near byte {offset + exc.start - 1}",
+            f"invalid UTF-8 at byte {bad_byte}",
             "the file is damaged; --skip-bad ingests the other ranks",
         )
     msg = str(exc)

@@ -338,22 +338,36 @@ def _run_parallel(
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["ranklens.ingest.kineto"])
     with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-        preps: list[Future[kineto.Prepared]] = [pool.submit(kineto.prepare, f) for f in files]
-        # Keep a bounded number of pieces in flight so memory stays bounded.
-        for tid, (f, fut) in enumerate(zip(files, preps, strict=True)):
-            prep = None
-            try:
-                prep = fut.result()
-                rank = sink.claim_rank(tid, f, prep.rank)
-                _parallel_file(sink, pool, tid, prep, rank, n)
-            except RanklensError as err:
-                sink.fail(tid, f, err, _size(f))
-            finally:
-                if prep is not None:
-                    kineto.cleanup(prep)
-            done += _size(f)
-            if progress:
-                progress(done, total)
+        preps: list[Future[kineto.Prepared]] = [
+            pool.submit(kineto.prepare, f, kineto.PIECE_BYTES) for f in files
+        ]
+        try:
+            # Keep a bounded number of pieces in flight so memory stays bounded.
+            for tid, (f, fut) in enumerate(zip(files, preps, strict=True)):
+                prep = None
+                try:
+                    prep = fut.result()
+                    rank = sink.claim_rank(tid, f, prep.rank)
+                    _parallel_file(sink, pool, tid, prep, rank, n)
+                except RanklensError as err:
+                    sink.fail(tid, f, err, _size(f))
+                finally:
+                    if prep is not None:
+                        kineto.cleanup(prep)
+                done += _size(f)
+                if progress:
+                    progress(done, total)
+        finally:
+            # On an early exit (error, interrupt) files prepared ahead still hold inflated .gz
+            # copies: remove them as their preparation ends (the pool waits for it on exit).
+            for fut in preps:
+                fut.cancel()
+                fut.add_done_callback(_cleanup_prepared)
+
+
+def _cleanup_prepared(fut: Future[kineto.Prepared]) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        kineto.cleanup(fut.result())
 
 
 def _parallel_file(

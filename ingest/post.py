@@ -62,6 +62,14 @@ SELECT e.rowid AS rid, w.step
 FROM events e ASOF JOIN _windows w ON e.rank = w.rank AND e.ts_ns >= w.start_ns
 WHERE e.device >= 0 AND e.ts_ns < w.end_ns
   AND e.rowid NOT IN (SELECT rid FROM _dev_step);
+
+-- W is the hull of the step's device work: a late event (no launch) that starts inside W but
+-- ends after it extends W, else the step's activity would exceed W (negative idle).
+UPDATE _windows SET end_ns = greatest(_windows.end_ns, x.t)
+FROM (SELECT e.rank, l.step, max(e.ts_ns + e.dur_ns) AS t
+      FROM events e JOIN _late_step l ON e.rowid = l.rid
+      WHERE e.kind IN ('compute', 'comm', 'memcpy', 'memset') GROUP BY ALL) x
+WHERE _windows.rank = x.rank AND _windows.step = x.step;
 """
 
 # Ranks without any ProfilerStep span: one pseudo-step (-1) covering the whole trace.

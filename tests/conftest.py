@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -22,7 +23,6 @@ if str(_TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(_TESTS_DIR))
 
 from kineto_builder import KinetoTrace  # noqa: E402
-
 from ranklens.ingest import load_traces  # noqa: E402
 
 REPO_ROOT = _TESTS_DIR.parent
@@ -62,29 +62,29 @@ def tmp_db(tmp_path: Path) -> Path:
 def ingest(tmp_path: Path, tmp_db: Path) -> Iterator[IngestFn]:
     """`ingest(traces_or_paths, **load_traces_kwargs)` -> read-only connection.
 
-    Accepts `KinetoTrace` objects (written as `rank<N>.json` under a fresh directory) and/or
-    paths; calls `load_traces(..., workers=1)` unless told otherwise. Connections are closed
+    Accepts `KinetoTrace` objects (written as `<i>-rank<N>.json` under a fresh directory)
+    and/or paths; calls `load_traces(..., workers=1)` unless told otherwise. Connections are closed
     at teardown.
     """
     cons: list[duckdb.DuckDBPyConnection] = []
     counter = iter(range(1_000_000))
 
     def run(
-        items: Sequence[KinetoTrace | Path | str] | KinetoTrace, **kw: object
+        items: Sequence[KinetoTrace | Path | str] | KinetoTrace, **kw: Any
     ) -> duckdb.DuckDBPyConnection:
         seq = [items] if isinstance(items, KinetoTrace) else list(items)
         n = next(counter)
         paths: list[str] = []
         for i, item in enumerate(seq):
             if isinstance(item, KinetoTrace):
-                label = item.rank if item.rank is not None else f"x{i}"
-                paths.append(str(item.write(tmp_path / f"traces{n}" / f"rank{label}.json")))
+                name = f"{i:03d}-rank{item.rank}" if item.rank is not None else f"{i:03d}-norank"
+                paths.append(str(item.write(tmp_path / f"traces{n}" / f"{name}.json")))
             else:
                 paths.append(str(item))
         db = tmp_db.with_name(f"run{n}.duckdb")
         db.parent.mkdir(parents=True, exist_ok=True)
         kw.setdefault("workers", 1)
-        load_traces(paths, db, **kw)  # type: ignore[arg-type]
+        load_traces(paths, db, **kw)
         con = duckdb.connect(str(db), read_only=True)
         cons.append(con)
         return con

@@ -79,7 +79,7 @@ class KinetoTrace:
     tid: int = 4242
     events: list[Event] = field(default_factory=list)
     extra_header: dict[str, Any] = field(default_factory=dict)
-    _next_corr: int = 1000
+    _next_corr: int = field(default=1000, init=False, repr=False)
 
     # -- host side -----------------------------------------------------------------------------
     def add(self, ph: str = "X", **fields: Any) -> Event:

@@ -15,7 +15,6 @@ import duckdb
 import polars as pl
 import pytest
 from kineto_builder import BASE_NS, Flavour, KinetoTrace, PgConfig, cpu_trace
-
 from ranklens.analysis import breakdown, overlap
 
 US = 1000  # ns per µs
@@ -151,6 +150,21 @@ def test_two_steps_follow_the_launch(ingest: Ingest) -> None:
     assert r["exposed_share"] == pytest.approx(70 / 250)
 
 
+# -- a kernel with no launch event (e.g. the runtime call was not recorded) ----------------------
+def test_unlaunched_kernel_inside_the_window_extends_it(ingest: Ingest) -> None:
+    t = KinetoTrace(rank=0)
+    t.step(1, 0, 1000)
+    t.kernel("gemm", 100, 100, stream=7)  # launched: W starts as [100, 200)
+    t.kernel("orphan", 150, 200, stream=8, launched=False)  # [150,350): starts inside W
+    con = ingest(t)
+    # the orphan joins the step whose window holds its start, so W = [100, 350) = 250
+    # C = [100,200) ∪ [150,350) = [100,350) = 250; idle 0 (never negative)
+    assert con.sql("SELECT step FROM events WHERE name = 'orphan'").fetchall() == [(1,)]
+    row = one(breakdown.run(con).table, step=1)
+    assert (row["window_ns"], row["compute_ns"], row["idle_ns"]) == (250 * US, 250 * US, 0)
+    assert row["compute_share"] == pytest.approx(1.0)
+
+
 # -- a rank without communication ------------------------------------------------------------
 def test_rank_without_communication(ingest: Ingest) -> None:
     busy = KinetoTrace(rank=0, world_size=2)
@@ -225,10 +239,11 @@ def megatron_rank0() -> KinetoTrace:
     ])
     t.step(1, 0, 1000)
     t.kernel("gemm", 100, 100, stream=7)
-    tp = {"pg_name": "1", "pg_desc": "TENSOR_MODEL_PARALLEL_GROUP", "pg_ranks": [0, 1],
-          "group_size": 2, "dtype": "BFloat16", "nelems": 1024}
-    dp = {"pg_name": "2", "pg_desc": "DATA_PARALLEL_GROUP", "pg_ranks": [0, 2],
-          "group_size": 2, "dtype": "Float", "nelems": 4096}
+    tp: dict[str, Any] = {"pg_name": "1", "pg_desc": "TENSOR_MODEL_PARALLEL_GROUP",
+                          "pg_ranks": [0, 1], "group_size": 2, "dtype": "BFloat16",
+                          "nelems": 1024}
+    dp: dict[str, Any] = {"pg_name": "2", "pg_desc": "DATA_PARALLEL_GROUP", "pg_ranks": [0, 2],
+                          "group_size": 2, "dtype": "Float", "nelems": 4096}
     t.nccl("AllReduce", 150, 100, stream=9, coll="allreduce", **tp)
     t.nccl("AllGather", 180, 40, stream=10, coll="_allgather_base", **dp)
     t.nccl("ReduceScatter", 300, 40, stream=10, coll="_reduce_scatter_base", **dp)

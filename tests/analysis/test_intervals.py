@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from itertools import pairwise
 
 import duckdb
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from ranklens.analysis._sql import sql_text
 
 Row = tuple[int, int, int, int]  # (k, cls, s, e)
@@ -187,7 +187,9 @@ def shared_con() -> Iterator[duckdb.DuckDBPyConnection]:
 
 @settings(max_examples=100, deadline=None)
 @given(rows=_intervals)
-def test_coverage_matches_brute_force(shared_con: duckdb.DuckDBPyConnection, rows: list[Row]) -> None:
+def test_coverage_matches_brute_force(
+    shared_con: duckdb.DuckDBPyConnection, rows: list[Row]
+) -> None:
     want_mask, want_cls = _brute(rows)
     assert coverage(shared_con, rows) == dict(want_mask)
     islands = union(shared_con, rows)
@@ -201,4 +203,4 @@ def test_coverage_matches_brute_force(shared_con: duckdb.DuckDBPyConnection, row
         by_key.setdefault((k, cls), []).append((s, e))
     for spans in by_key.values():
         spans.sort()
-        assert all(a[1] < b[0] for a, b in zip(spans, spans[1:], strict=False))
+        assert all(a[1] < b[0] for a, b in pairwise(spans))
