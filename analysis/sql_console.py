@@ -35,6 +35,7 @@ def safe_connect(db_path: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:
         )
     except duckdb.Error as exc:
         raise SqlError(f"{db_path}: cannot open the database sandboxed ({exc})") from None
+    con.execute("SET enable_progress_bar = false")
     apply_all_views(con)
     con.execute("SET lock_configuration = true")
     return con

@@ -70,8 +70,10 @@ class Run:
 
     wall_s: float
     peak_pss_mb: float
+    peak_main_pss_mb: float
     peak_rss_sum_mb: float
     ru_maxrss_mb: float
+    cpu_s: float
     result: dict[str, Any]
 
 
@@ -184,36 +186,44 @@ def build_trace(source: Path, size_mb: int) -> tuple[Path, int]:
 # ---------------------------------------------------------------- measuring
 
 
-def _tree_memory(proc: psutil.Process) -> tuple[float, float]:
-    """(summed PSS, summed RSS) in MB of proc and all its descendants; vanished ones skipped."""
-    pss = rss = 0.0
+def _tree_memory(proc: psutil.Process, cpu: dict[int, float]) -> tuple[float, float, float]:
+    """(summed PSS, summed RSS, proc's own PSS) in MB of proc and all its descendants; also
+    records each member's CPU seconds so far in cpu (workers that are never reaped by the
+    measured child would be missing from its rusage)."""
+    pss = rss = main = 0.0
     try:
         members = [proc, *proc.children(recursive=True)]
     except psutil.Error:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     for p in members:
         try:
             full = p.memory_full_info()
-        except psutil.Error:
+            times = p.cpu_times()
+        except psutil.Error:  # exited between listing and reading
             continue
+        cpu[p.pid] = times.user + times.system
         pss += getattr(full, "pss", full.rss) / MB
         rss += full.rss / MB
-    return pss, rss
+        if p.pid == proc.pid:
+            main = getattr(full, "pss", full.rss) / MB
+    return pss, rss, main
 
 
-def measure(cmd: list[str], interval_s: float = 0.05) -> Run:
+def measure(cmd: list[str], interval_s: float = 0.1) -> Run:
     """Run cmd in a fresh process; wall time, peak tree PSS/RSS and the child's ru_maxrss."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
         ps = psutil.Process(proc.pid)
-        peak_pss = peak_rss = 0.0
+        peak_pss = peak_rss = peak_main = 0.0
+        cpu: dict[int, float] = {}
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
-            pss, rss = _tree_memory(ps)
+            pss, rss, main = _tree_memory(ps, cpu)
             peak_pss, peak_rss = max(peak_pss, pss), max(peak_rss, rss)
+            peak_main = max(peak_main, main)
             time.sleep(interval_s)
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -225,7 +235,9 @@ def measure(cmd: list[str], interval_s: float = 0.05) -> Run:
         raise SystemExit(f"benchmark child failed ({proc.returncode}): {cmd[-1]}")
     last = [ln for ln in stdout.splitlines() if ln.startswith("{")]
     result = json.loads(last[-1]) if last else {}
-    return Run(wall, peak_pss, peak_rss, usage.ru_maxrss / 1024, result)
+    own = usage.ru_utime + usage.ru_stime  # the child and the descendants it reaped
+    cpu_s = max(own, sum(cpu.values()))
+    return Run(wall, peak_pss, peak_main, peak_rss, usage.ru_maxrss / 1024, cpu_s, result)
 
 
 def run_ranklens(trace: Path, workers: int) -> Run:
@@ -261,14 +273,15 @@ def report(size_mb: float, n_events: int, rl: Run, hta: Run | None) -> bool:
         f"{rl.result.get('events', '?'):,} rows in ranklens events table"
     )
     print(
-        f"{'tool':<10}{'wall s':>9}{'MB/s':>9}{'peak PSS MB':>13}{'x file':>8}"
-        f"{'RSS-sum MB':>12}{'maxrss MB':>11}"
+        f"{'tool':<10}{'wall s':>9}{'CPU s':>8}{'MB/s':>9}{'peak PSS MB':>13}{'x file':>8}"
+        f"{'main PSS':>10}{'RSS-sum MB':>12}{'maxrss MB':>11}"
     )
     runs = [("ranklens", rl)] + ([("HTA", hta)] if hta else [])
     for name, r in runs:
         print(
-            f"{name:<10}{r.wall_s:>9.2f}{size_mb / r.wall_s:>9.1f}{r.peak_pss_mb:>13.0f}"
-            f"{r.peak_pss_mb / size_mb:>8.2f}{r.peak_rss_sum_mb:>12.0f}{r.ru_maxrss_mb:>11.0f}"
+            f"{name:<10}{r.wall_s:>9.2f}{r.cpu_s:>8.1f}{size_mb / r.wall_s:>9.1f}"
+            f"{r.peak_pss_mb:>13.0f}{r.peak_pss_mb / size_mb:>8.2f}{r.peak_main_pss_mb:>10.0f}"
+            f"{r.peak_rss_sum_mb:>12.0f}{r.ru_maxrss_mb:>11.0f}"
         )
     ok = mbps >= TARGET_MBPS and x_mem <= TARGET_RSS_X
     print(f"[{_verdict(mbps >= TARGET_MBPS)}] throughput {mbps:.1f} MB/s (target >= {TARGET_MBPS})")
@@ -296,7 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     trace, n_events = build_trace(args.source, args.size_mb)
     size_mb = trace.stat().st_size / MB
-    print(f"built/reused {trace} in {time.perf_counter() - t0:.1f}s")
+    print(
+        f"built/reused {trace} in {time.perf_counter() - t0:.1f}s; load average now "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (timings share the machine)"
+    )
     rl = run_ranklens(trace, args.workers)
     hta = None if args.skip_hta else run_hta(trace)
     return 0 if report(size_mb, n_events, rl, hta) else 1

@@ -35,6 +35,7 @@ def connect(db_path: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:
     """Open a ranklens database read-only, checking it is one and of this schema version."""
     try:
         con = duckdb.connect(str(db_path), read_only=True)
+        con.execute("SET enable_progress_bar = false")
     except duckdb.Error as exc:
         raise DatabaseError(
             f"{db_path}: cannot open the database ({exc})",

@@ -106,6 +106,7 @@ def load_traces(
     report = IngestReport(db_path=str(out))
     try:
         con = duckdb.connect(str(tmp))
+        con.execute("SET enable_progress_bar = false")
         try:
             _ingest(con, files, report, on_error, workers, progress)
             con.execute("CHECKPOINT")
@@ -160,6 +161,12 @@ def _ingest(
             f"no trace could be ingested ({reasons})", "fix or remove the bad files"
         )
     finish_database(con, sink.groups)
+    if nsys and not kin:
+        # Nsight has no process-group metadata: infer communicators from collective sequences.
+        # (Kineto runs carry pg_config/args; CPU gloo runs need per-thread attribution instead.)
+        from ranklens.ingest.communicators import infer_communicators
+
+        infer_communicators(con)
     report.ranks = sorted(sink.rank_of.values())
     report.n_events = int(con.execute("SELECT count(*) FROM events").fetchall()[0][0])
 

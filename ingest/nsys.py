@@ -46,27 +46,25 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from ranklens.ingest._model import RankPart
 from ranklens.ingest.errors import TraceFormatError
-from ranklens.ingest.nsys_events import (
-    Strings,
-    dummy_tables,
-    read_kernels,
-    read_memops,
-    read_runtime,
-    read_sync,
-)
+from ranklens.ingest.nsys_events import CommInfo, read_kernels, read_runtime
+from ranklens.ingest.nsys_memops import read_memops, read_sync
 from ranklens.ingest.nsys_meta import Meta, read_meta
 from ranklens.ingest.nsys_nccl import ProcNccl, comm_info
 from ranklens.ingest.nsys_nvtx import Nvtx, read_nvtx
 from ranklens.ingest.nsys_sqlite import Report, as_format_error
+from ranklens.ingest.nsys_tables import Strings
 
-_NSIGHT_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA", "CUPTI_ACTIVITY_KIND_KERNEL",
-                  "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS")
+_NSIGHT_TABLES = (
+    "META_DATA_EXPORT",
+    "EXPORT_META_DATA",
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "NVTX_EVENTS",
+)
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -83,8 +81,16 @@ def read_nsys(path: Path, trace_id: int) -> list[RankPart]:
 
 def export_command(rep: Path, out: Path, exe: str = "nsys") -> list[str]:
     """The `nsys export` call that turns a report into the SQLite file we read."""
-    return [exe, "export", "--type", "sqlite", "--ts-normalize=true", "--output", str(out),
-            str(rep)]
+    return [
+        exe,
+        "export",
+        "--type",
+        "sqlite",
+        "--ts-normalize=true",
+        "--output",
+        str(out),
+        str(rep),
+    ]
 
 
 def export_rep(rep: Path, tmp: Path) -> Path:
@@ -94,15 +100,18 @@ def export_rep(rep: Path, tmp: Path) -> Path:
         cmd = shlex.join(export_command(rep, rep.with_suffix(".sqlite")))
         raise TraceFormatError(
             f"{rep}: is an Nsight Systems report (.nsys-rep) and `nsys` is not on PATH",
-            f"convert it first, then ingest the .sqlite file: {cmd}")
+            f"convert it first, then ingest the .sqlite file: {cmd}",
+        )
     out = tmp / (rep.stem + ".sqlite")
-    done = subprocess.run(export_command(rep, out, exe), capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run(
+        export_command(rep, out, exe), capture_output=True, text=True, check=False
+    )
     if done.returncode != 0 or not out.is_file():
         tail = (done.stderr or done.stdout or "").strip().splitlines()[-3:]
         raise TraceFormatError(
             f"{rep}: `nsys export` failed (exit {done.returncode}): {' / '.join(tail)}",
-            f"try it by hand: {shlex.join(export_command(rep, rep.with_suffix('.sqlite')))}")
+            f"try it by hand: {shlex.join(export_command(rep, rep.with_suffix('.sqlite')))}",
+        )
     return out
 
 
@@ -116,7 +125,8 @@ def _read_sqlite(path: Path, shown: Path) -> list[RankPart]:
             raise TraceFormatError(
                 f"{shown}: is an SQLite file but not an Nsight Systems export "
                 "(no META_DATA_EXPORT, CUPTI_ACTIVITY_KIND_* or NVTX_EVENTS table)",
-                "give the file written by `nsys export --type sqlite` (or the .nsys-rep)")
+                "give the file written by `nsys export --type sqlite` (or the .nsys-rep)",
+            )
         return _read(rep, shown)
     except sqlite3.Error as err:
         raise as_format_error(shown, err) from err
@@ -126,29 +136,20 @@ def _read_sqlite(path: Path, shown: Path) -> list[RankPart]:
 
 def _read(rep: Report, shown: Path) -> list[RankPart]:
     meta = read_meta(rep)
-    duck = duckdb.connect()
-    try:
-        dummy_tables(duck)
-        strings = Strings(rep)
-        nv = Nvtx()
-        tables = list(read_nvtx(rep, duck, meta.shift_ns, nv))
-        if nv.nccl:
-            keys = list(nv.nccl)
-            duck.register("_nt", pa.table({"pid": [k[0] for k in keys],
-                                           "tid": [k[1] for k in keys]}))
-            duck.execute("INSERT INTO nccl_threads SELECT pid, tid FROM _nt")
-        launches: list[pa.Table] = []
-        tables += read_runtime(rep, duck, strings, meta.shift_ns, launches)
-        procs: dict[int, ProcNccl] = {}
-        if nv.nccl:
-            info, procs = comm_info(rep, nv.nccl, launches)
-            duck.register("_ci", info)
-            duck.execute("INSERT INTO comm_info SELECT * FROM _ci")
-        tables += read_kernels(rep, duck, strings, meta.shift_ns)
-        tables += read_memops(rep, duck, meta.shift_ns)
-        tables += read_sync(rep, duck, meta.shift_ns)
-    finally:
-        duck.close()
+    strings = Strings(rep)
+    nv = Nvtx()
+    tables = list(read_nvtx(rep, meta.shift_ns, nv))
+    threads = {(p << 24) | t for p, t in nv.nccl}
+    launches: list[pa.Table] = []
+    tables += read_runtime(rep, strings, meta.shift_ns, threads, launches)
+    procs: dict[int, ProcNccl] = {}
+    comm = CommInfo()
+    if nv.nccl:
+        info, procs = comm_info(rep, nv.nccl, launches)
+        comm = CommInfo(info)
+    tables += read_kernels(rep, strings, meta.shift_ns, comm)
+    tables += read_memops(rep, meta.shift_ns)
+    tables += read_sync(rep, meta.shift_ns)
     return _split(tables, meta, nv, procs, shown)
 
 
@@ -160,50 +161,76 @@ def _pids(tables: list[pa.Table], gpu_only: bool) -> set[int]:
     return out
 
 
-def _split(tables: list[pa.Table], meta: Meta, nv: Nvtx, procs: dict[int, ProcNccl],
-           shown: Path) -> list[RankPart]:
+def _split(
+    tables: list[pa.Table], meta: Meta, nv: Nvtx, procs: dict[int, ProcNccl], shown: Path
+) -> list[RankPart]:
     """One RankPart per process with GPU activity (or, for CPU-only reports, per process)."""
     tables = [t for t in tables if t.num_rows]
     gpu = _pids(tables, gpu_only=True)
     pids = sorted(gpu or _pids(tables, gpu_only=False))
     if not pids:
-        raise TraceFormatError(f"{shown}: holds no CUDA or NVTX activity",
-                               "profile with `nsys profile -t cuda,nvtx ...`")
+        raise TraceFormatError(
+            f"{shown}: holds no CUDA or NVTX activity",
+            "profile with `nsys profile -t cuda,nvtx ...`",
+        )
     ranks, notes = _assign_ranks(pids, meta, procs)
     common = [n for n in (meta.clock_note,) if n]
     if nv.open_ranges:
-        common.append(f"{nv.open_ranges} NVTX ranges have no end (cut by the capture window) "
-                      "and were left out")
+        common.append(
+            f"{nv.open_ranges} NVTX ranges have no end (cut by the capture window) "
+            "and were left out"
+        )
     parts = []
     for pid in pids:
-        mine = [t.filter(pc.equal(t.column("_pid"), pid)) if len(pids) > 1 or
-                pc.any(pc.not_equal(t.column("_pid"), pid)).as_py() else t for t in tables]
+        mine = [
+            t.filter(pc.equal(t.column("_pid"), pid))
+            if len(pids) > 1 or pc.any(pc.not_equal(t.column("_pid"), pid)).as_py()
+            else t
+            for t in tables
+        ]
         events = [t.drop_columns(["_pid"]) for t in mine if t.num_rows]
-        part = RankPart(rank=ranks[pid], events=events,
-                        warnings=[*common, *notes.get(pid, [])])
+        part = RankPart(rank=ranks[pid], events=events, warnings=[*common, *notes.get(pid, [])])
         part.info = _info(pid, events, meta, procs.get(pid), pid in gpu, len(pids))
         part.threads = [(pid, -1, meta.process_names[pid])] if pid in meta.process_names else []
         part.threads += [(p, t, n) for (p, t), n in sorted(meta.thread_names.items()) if p == pid]
-        part.groups = [{"pg_name": f"{c:#x}", "pg_desc": None, "ranks": None, "size": n,
-                        "backend": "nccl", "source": "nsys_nccl_nvtx"}
-                       for c, n in sorted(procs[pid].comms.items())] if pid in procs else []
+        part.groups = (
+            [
+                {
+                    "pg_name": f"{c:#x}",
+                    "pg_desc": None,
+                    "ranks": None,
+                    "size": n,
+                    "backend": "nccl",
+                    "source": "nsys_nccl_nvtx",
+                }
+                for c, n in sorted(procs[pid].comms.items())
+            ]
+            if pid in procs
+            else []
+        )
         parts.append(part)
     dropped = sum(t.num_rows for t in tables) - sum(p.n_events for p in parts)
     if dropped:
-        parts[0].warnings.append(f"{dropped} events of processes without GPU activity "
-                                 "(launcher, tools) were left out")
+        parts[0].warnings.append(
+            f"{dropped} events of processes without GPU activity (launcher, tools) were left out"
+        )
     return parts
 
 
-def _assign_ranks(pids: list[int], meta: Meta, procs: dict[int, ProcNccl]
-                  ) -> tuple[dict[int, int | None], dict[int, list[str]]]:
+def _assign_ranks(
+    pids: list[int], meta: Meta, procs: dict[int, ProcNccl]
+) -> tuple[dict[int, int | None], dict[int, list[str]]]:
     """Rank of each process from the strongest source that names it (see module docstring)."""
     ranks: dict[int, int | None] = {}
     for pid in pids:
         nccl = procs[pid].rank_world() if pid in procs else None
         env = meta.env_rank if len(pids) == 1 else None
-        for cand in (meta.mpi_rank.get(pid), nccl[0] if nccl else None, env,
-                     meta.nvtx_rank.get(pid)):
+        for cand in (
+            meta.mpi_rank.get(pid),
+            nccl[0] if nccl else None,
+            env,
+            meta.nvtx_rank.get(pid),
+        ):
             if cand is not None:
                 ranks[pid] = cand
                 break
@@ -215,13 +242,16 @@ def _assign_ranks(pids: list[int], meta: Meta, procs: dict[int, ProcNccl]
         for pid in pids:
             if ranks[pid] is None:
                 ranks[pid] = next(free)
-                notes[pid] = [f"process {pid}: no rank recorded in the report; numbered "
-                              f"{ranks[pid]} by pid order among its {len(pids)} GPU processes"]
+                notes[pid] = [
+                    f"process {pid}: no rank recorded in the report; numbered "
+                    f"{ranks[pid]} by pid order among its {len(pids)} GPU processes"
+                ]
     return ranks, notes
 
 
-def _info(pid: int, events: list[pa.Table], meta: Meta, nccl: ProcNccl | None,
-          has_gpu: bool, n_procs: int) -> dict[str, Any]:
+def _info(
+    pid: int, events: list[pa.Table], meta: Meta, nccl: ProcNccl | None, has_gpu: bool, n_procs: int
+) -> dict[str, Any]:
     """Values for the `ranks` row: host, pid, GPU model, backend, world size."""
     devices: dict[int, int] = {}
     backend = None
@@ -231,12 +261,21 @@ def _info(pid: int, events: list[pa.Table], meta: Meta, nccl: ProcNccl | None,
         for row in t.group_by("device").aggregate([("device", "count")]).to_pylist():
             devices[row["device"]] = devices.get(row["device"], 0) + row["device_count"]
         comm = t.filter(pc.equal(t.column("kind"), "comm"))
-        if backend is None and comm.num_rows and pc.any(pc.starts_with(
-                comm.column("name"), "nccl")).as_py():
+        if (
+            backend is None
+            and comm.num_rows
+            and pc.any(pc.starts_with(comm.column("name"), "nccl")).as_py()
+        ):
             backend = "nccl"
     dev = max(devices, key=lambda d: devices[d]) if devices else None
     gpu = meta.gpu(dev, None) if dev is not None else None
     world = nccl.rank_world() if nccl else None
-    return {"host": meta.host, "pid": pid, "device_name": gpu.name if gpu else None,
-            "num_sms": gpu.sms if gpu else None, "has_gpu": has_gpu, "backend": backend,
-            "world_size": world[1] if world else (meta.env_world_size if n_procs == 1 else None)}
+    return {
+        "host": meta.host,
+        "pid": pid,
+        "device_name": gpu.name if gpu else None,
+        "num_sms": gpu.sms if gpu else None,
+        "has_gpu": has_gpu,
+        "backend": backend,
+        "world_size": world[1] if world else (meta.env_world_size if n_procs == 1 else None),
+    }

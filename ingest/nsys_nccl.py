@@ -192,8 +192,9 @@ def decode_payload(
         return {}
     dom = int(str(pl.get("domainId", 0)))
     sid = by_event.get(int(str(pl["eventId"]))) if "eventId" in pl else None
+    blob = bytes(blob)
     sch = schemas.get((dom, sid)) if sid is not None else _choose(schemas, dom, r.name, blob)
-    return sch.decode(bytes(blob)) if sch else {}
+    return sch.decode(blob) if sch else {}
 
 
 @dataclass

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import duckdb
 import pyarrow as pa
-from ranklens.ingest.nsys_events import run, select_events
-from ranklens.ingest.nsys_meta import PID_SQL, TID_SQL
+import pyarrow.compute as pc
+from ranklens.ingest.nsys_meta import PID_SQL
 from ranklens.ingest.nsys_sqlite import Report
+from ranklens.ingest.nsys_tables import build, duration, labels, pid_of, tid_of
 
 NVTX = "NVTX_EVENTS"
 _RANGES = "eventType IN (59, 60)"
@@ -77,26 +77,13 @@ def nccl_domains(rep: Report, named: dict[tuple[int, int], str]) -> dict[tuple[i
     return found
 
 
-def read_nvtx(
-    rep: Report, duck: duckdb.DuckDBPyConnection, shift: int, out: Nvtx
-) -> Iterator[pa.Table]:
+def read_nvtx(rep: Report, shift: int, out: Nvtx) -> Iterator[pa.Table]:
     """Annotation events (with `_pid`); fills `out` with domains, NCCL ranges, cut ranges."""
     if not rep.has(NVTX):
         return
     out.domains = read_domains(rep)
     nccl = nccl_domains(rep, out.domains)
     out.domains.update(nccl)
-    doms = [(p, d, n) for (p, d), n in out.domains.items()]
-    duck.register(
-        "doms",
-        pa.table(
-            {
-                "pid": pa.array([d[0] for d in doms], pa.int64()),
-                "dom": pa.array([d[1] for d in doms], pa.int64()),
-                "dname": pa.array([d[2] for d in doms], pa.string()),
-            }
-        ),
-    )
     out.open_ranges = int(
         rep.query(f'SELECT count(*) FROM {NVTX} WHERE {_RANGES} AND "end" IS NULL')[0][0]
     )
@@ -105,35 +92,32 @@ def read_nvtx(
         f'SELECT n.start, n."end", n.globalTid, n.domainId, {expr} FROM {NVTX} n {join} '
         f'WHERE n.{_RANGES} AND n."end" IS NOT NULL'
     )
-    pid, tid = PID_SQL.format(c="c.g"), TID_SQL.format(c="c.g")
-    sel = select_events(
-        {
-            "kind": "'annotation'",
-            "name": "c.name",
-            "device": "-1",
-            "stream": tid,
-            "pid": pid,
-            "tid": tid,
-            "ts_ns": f"c.s + {shift}",
-            "dur_ns": "greatest(c.e - c.s, 0)",
-            "_pid": pid,
-            "cat": "CASE WHEN coalesce(c.dom, 0) = 0 THEN 'nvtx' "
-            "ELSE 'nvtx:' || coalesce(d.dname, CAST(c.dom AS VARCHAR)) END",
-        }
-    )
-    rest = f"LEFT JOIN doms d ON d.pid = {pid} AND d.dom = c.dom"
+
+    def cat(key: int) -> str:
+        dom = key & 0xFFFFFFFF
+        name = out.domains.get((key >> 32, dom))
+        return "nvtx" if dom == 0 else f"nvtx:{name or dom}"
+
     while rows := cur.fetchmany(_BATCH):
-        s, e, g, dom, name = zip(*rows, strict=True)
-        chunk = pa.table(
+        s, e, g, dom, name = (pa.array(c) for c in zip(*rows, strict=True))
+        s, e, g = (c.cast(pa.int64()) for c in (s, e, g))
+        pid = pid_of(g)
+        dom = pc.fill_null(dom.cast(pa.int64()), 0)
+        yield build(
+            len(s),
             {
-                "s": pa.array(s, pa.int64()),
-                "e": pa.array(e, pa.int64()),
-                "g": pa.array(g, pa.int64()),
-                "dom": pa.array(dom, pa.int64()),
-                "name": pa.array(name, pa.string()),
-            }
+                "kind": "annotation",
+                "name": name.cast(pa.string()),
+                "device": -1,
+                "stream": tid_of(g),
+                "pid": pid,
+                "tid": tid_of(g),
+                "ts_ns": pc.add(s, shift),
+                "dur_ns": duration(s, e),
+                "_pid": pid,
+                "cat": labels(pc.add(pc.shift_left(pid, 32), dom), cat),
+            },
         )
-        yield run(duck, chunk, sel, rest)
     if nccl:
         out.nccl = _nccl_ranges(rep, sorted({d for _p, d in nccl}), set(nccl))
 

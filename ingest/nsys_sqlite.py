@@ -25,15 +25,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 from ranklens.ingest.errors import TraceFormatError
 
 NULL_INT = -(2**63)  # sentinel for SQL NULL in packed integer reads
 NULL_SQL = "(-9223372036854775807 - 1)"  # written so SQLite keeps it an INTEGER
 CHUNK_ROWS = 1 << 17
-_WORKERS = 2
+_WORKERS = 3
 
-try:  # optional accelerator; the stdlib path below is the fallback
-    import adbc_driver_sqlite.dbapi as _adbc  # type: ignore[import-not-found,unused-ignore]
+_adbc: Any
+try:  # accelerator (a dependency); the stdlib path below is the fallback
+    import adbc_driver_sqlite.dbapi as _adbc
 except ImportError:  # pragma: no cover - depends on the environment
     _adbc = None
 
@@ -121,33 +123,47 @@ class Report:
             return {}
         return {str(k): str(v) for k, v in self.query(f'SELECT name, value FROM "{table}"')}
 
-    def int_chunks(self, table: str, exprs: Sequence[str], where: str = "") -> Iterator[pa.Table]:
-        """Yield Arrow tables (columns c0..cN, int64, nullable) of integer SQL expressions.
+    def notnull(self, table: str) -> set[str]:
+        """Columns declared NOT NULL (2.x exports declare every column so)."""
+        return {r[1] for r in self.con.execute(f'PRAGMA table_info("{table}")') if r[3]}
+
+    def int_chunks(
+        self, table: str, exprs: Sequence[str], where: str = ""
+    ) -> Iterator[list[pa.Array]]:
+        """Yield column lists (int64 Arrow arrays, nullable) of integer SQL expressions.
 
         Every expression must evaluate to an INTEGER or NULL on each row.
         """
-        lo_hi = self.query(f'SELECT min(rowid), max(rowid) FROM "{table}"')
-        lo, hi = lo_hi[0] if lo_hi else (None, None)
+        # two queries: SQLite answers a lone min() or max() of the rowid from the b-tree ends
+        lo = self.query(f'SELECT min(rowid) FROM "{table}"')[0][0]
+        hi = self.query(f'SELECT max(rowid) FROM "{table}"')[0][0]
         if lo is None or hi is None:
             return
+        cols, strict = self.columns(table), self.notnull(table)
+        wrapped = [
+            e
+            if e.strip('"') in strict or (e.startswith("CASE") and e.strip('"') not in cols)
+            else f"ifnull({e}, {NULL_SQL})"
+            for e in exprs
+        ]
         starts = list(range(int(lo), int(hi) + 1, CHUNK_ROWS))
         fetch = _AdbcChunk if _adbc is not None else _HexChunk
-        reader = fetch(self.path, table, exprs, where)
+        reader = fetch(self.path, table, wrapped, where)
         try:
             yield from _ordered_parallel(reader.read, starts)
         finally:
             reader.close()
 
 
-def _ordered_parallel(fn: Any, starts: list[int]) -> Iterator[pa.Table]:
+def _ordered_parallel(fn: Any, starts: list[int]) -> Iterator[list[pa.Array]]:
     """Map fn over starts on a small thread pool, in order, with a bounded window in flight."""
     if len(starts) == 1:
         t = fn(starts[0])
-        if t.num_rows:
+        if len(t[0]):
             yield t
         return
     with ThreadPoolExecutor(_WORKERS) as pool:
-        window: list[Future[pa.Table]] = []
+        window: list[Future[list[pa.Array]]] = []
         it = iter(starts)
         for s in it:
             window.append(pool.submit(fn, s))
@@ -158,20 +174,20 @@ def _ordered_parallel(fn: Any, starts: list[int]) -> Iterator[pa.Table]:
             nxt = next(it, None)
             if nxt is not None:
                 window.append(pool.submit(fn, nxt))
-            if t.num_rows:
+            if len(t[0]):
                 yield t
 
 
-def _to_arrow(columns: Sequence[npt.NDArray[np.int64]]) -> pa.Table:
-    cols = {}
-    for i, c in enumerate(columns):
+def _to_arrow(columns: Sequence[npt.NDArray[np.int64]]) -> list[pa.Array]:
+    out = []
+    for c in columns:
         null = c == NULL_INT
-        cols[f"c{i}"] = pa.array(c, pa.int64(), mask=null if null.any() else None)
-    return pa.table(cols)
+        out.append(pa.array(c, pa.int64(), mask=null if null.any() else None))
+    return out
 
 
-def _empty(n: int) -> pa.Table:
-    return _to_arrow([np.empty(0, np.int64) for _ in range(n)])
+def _empty(n: int) -> list[pa.Array]:
+    return [pa.array([], pa.int64()) for _ in range(n)]
 
 
 class _HexChunk:
@@ -180,7 +196,7 @@ class _HexChunk:
     def __init__(self, path: Path, table: str, exprs: Sequence[str], where: str) -> None:
         self.path = path
         self.n = len(exprs)
-        packed = ", ".join(f"ifnull({e}, {NULL_SQL})" for e in exprs)
+        packed = ", ".join(exprs)
         fmt = "%016x" * self.n
         cond = f" AND ({where})" if where else ""
         self.sql = (
@@ -190,7 +206,7 @@ class _HexChunk:
         self.local = threading.local()
         self.cons: list[sqlite3.Connection] = []
 
-    def read(self, start: int) -> pa.Table:
+    def read(self, start: int) -> list[pa.Array]:
         con = getattr(self.local, "con", None)
         if con is None:
             con = self.local.con = connect(self.path)
@@ -212,13 +228,13 @@ class _AdbcChunk:
     def __init__(self, path: Path, table: str, exprs: Sequence[str], where: str) -> None:
         self.uri = f"{path.resolve().as_uri()}?mode=ro"
         self.n = len(exprs)
-        cols = ", ".join(f"ifnull({e}, {NULL_SQL}) AS c{i}" for i, e in enumerate(exprs))
+        cols = ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs))
         cond = f" AND ({where})" if where else ""
         self.sql = f'SELECT {cols} FROM "{table}" WHERE rowid >= ? AND rowid < ?{cond}'
         self.local = threading.local()
         self.cons: list[Any] = []
 
-    def read(self, start: int) -> pa.Table:
+    def read(self, start: int) -> list[pa.Array]:
         con = getattr(self.local, "con", None)
         if con is None:
             assert _adbc is not None
@@ -234,7 +250,14 @@ class _AdbcChunk:
             cur.close()
         if tab.num_rows == 0:
             return _empty(self.n)
-        return _to_arrow([tab.column(i).to_numpy().astype(np.int64) for i in range(self.n)])
+        out = []
+        for i in range(self.n):
+            col = tab.column(i).combine_chunks().cast(pa.int64())
+            hit = pc.equal(col, NULL_INT)
+            if pc.any(hit).as_py():
+                col = pc.if_else(hit, pa.scalar(None, pa.int64()), col)
+            out.append(col)
+        return out
 
     def close(self) -> None:
         for c in self.cons:

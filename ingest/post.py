@@ -57,11 +57,20 @@ SELECT c.rank, c.step, c.cpu_start_ns, c.cpu_end_ns,
 FROM _cpu_steps c JOIN ranks r USING (rank)
 LEFT JOIN dev USING (rank, step) LEFT JOIN host USING (rank, step);
 
+-- Device events with no launch record (their runtime call fell outside the capture) belong to
+-- the step whose host span or device window contains their start.
 CREATE OR REPLACE TEMP TABLE _late_step AS
 SELECT e.rowid AS rid, w.step
-FROM events e ASOF JOIN _windows w ON e.rank = w.rank AND e.ts_ns >= w.start_ns
+FROM events e ASOF JOIN (SELECT rank, step, least(start_ns, cpu_start_ns) AS lo, end_ns
+                         FROM _windows) w ON e.rank = w.rank AND e.ts_ns >= w.lo
 WHERE e.device >= 0 AND e.ts_ns < w.end_ns
   AND e.rowid NOT IN (SELECT rid FROM _dev_step);
+
+UPDATE _windows SET start_ns = least(_windows.start_ns, x.s)
+FROM (SELECT e.rank, l.step, min(e.ts_ns) AS s
+      FROM events e JOIN _late_step l ON e.rowid = l.rid
+      WHERE e.kind IN ('compute', 'comm', 'memcpy', 'memset') GROUP BY ALL) x
+WHERE _windows.rank = x.rank AND _windows.step = x.step;
 
 -- W is the hull of the step's device work: a late event (no launch) that starts inside W but
 -- ends after it extends W, else the step's activity would exceed W (negative idle).
@@ -153,8 +162,10 @@ def _insert_groups(con: duckdb.DuckDBPyConnection, groups: list[dict[str, Any]])
         for key in ("pg_desc", "backend", "size"):
             if cur.get(key) is None and g.get(key) is not None:
                 cur[key] = g[key]
-        if len(g.get("ranks") or []) > len(cur.get("ranks") or []):
-            cur["ranks"] = g["ranks"]
+        if g.get("ranks"):
+            # pg_config lists members in group-rank order: keep the first full list, add others
+            known = list(cur.get("ranks") or [])
+            cur["ranks"] = known + [r for r in g["ranks"] if r not in known]
         if g.get("source") == "pg_config":
             cur["source"] = "pg_config"
     world = con.execute("SELECT max(world_size) FROM ranks").fetchall()[0][0]

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import duckdb
 import polars as pl
-
 from ranklens.analysis import REGISTRY
 
 

@@ -103,8 +103,14 @@ class KinetoTrace:
         args: dict[str, Any] | None = None,
     ) -> Event:
         """A host event (cpu_op, user_annotation, cuda_runtime, ...) on a thread."""
-        ev = self.add(cat=cat, name=name, pid=self.pid, tid=self.tid if tid is None else tid,
-                      ts=start, dur=dur)
+        ev = self.add(
+            cat=cat,
+            name=name,
+            pid=self.pid,
+            tid=self.tid if tid is None else tid,
+            ts=start,
+            dur=dur,
+        )
         if args is not None:
             ev["args"] = args
         return ev
@@ -117,11 +123,15 @@ class KinetoTrace:
         """A `thread_name` metadata event."""
         return self.add("M", name="thread_name", pid=self.pid, tid=tid, ts=0, args={"name": name})
 
-    def runtime(self, name: str, start: float, dur: float = 1.0,
-                correlation: int | None = None) -> Event:
+    def runtime(
+        self, name: str, start: float, dur: float = 1.0, correlation: int | None = None
+    ) -> Event:
         """A CUDA runtime call on the main thread (with a correlation id when given)."""
-        args = None if correlation is None else {"correlation": correlation,
-                                                 "External id": correlation}
+        args = (
+            None
+            if correlation is None
+            else {"correlation": correlation, "External id": correlation}
+        )
         return self.host(name, start, dur, cat="cuda_runtime", args=args)
 
     # -- device side ---------------------------------------------------------------------------
@@ -145,8 +155,12 @@ class KinetoTrace:
         corr = self._next_corr
         if launched:
             self.runtime(launch_name, start - 1 if launch is None else launch, 0.5, corr)
-        a: dict[str, Any] = {"device": device, "stream": stream, "correlation": corr,
-                             "External id": corr}
+        a: dict[str, Any] = {
+            "device": device,
+            "stream": stream,
+            "correlation": corr,
+            "External id": corr,
+        }
         a.update(args or {})
         return self.add(cat=cat, name=name, pid=device, tid=stream, ts=start, dur=dur, args=a)
 
@@ -187,18 +201,26 @@ class KinetoTrace:
         name = f"ncclDevKernel_{op}_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
         return self.device_event("kernel", name, start, dur, args=a, **kw)
 
-    def memcpy(self, start: float, dur: float, nbytes: int = 4096,
-               direction: str = "HtoD (Pageable -> Device)", **kw: Any) -> Event:
+    def memcpy(
+        self,
+        start: float,
+        dur: float,
+        nbytes: int = 4096,
+        direction: str = "HtoD (Pageable -> Device)",
+        **kw: Any,
+    ) -> Event:
         """A `gpu_memcpy` event."""
         kw.setdefault("launch_name", "cudaMemcpyAsync")
-        return self.device_event("gpu_memcpy", f"Memcpy {direction}", start, dur,
-                                 args={"bytes": nbytes}, **kw)
+        return self.device_event(
+            "gpu_memcpy", f"Memcpy {direction}", start, dur, args={"bytes": nbytes}, **kw
+        )
 
     def memset(self, start: float, dur: float, nbytes: int = 4096, **kw: Any) -> Event:
         """A `gpu_memset` event."""
         kw.setdefault("launch_name", "cudaMemsetAsync")
-        return self.device_event("gpu_memset", "Memset (Device)", start, dur,
-                                 args={"bytes": nbytes}, **kw)
+        return self.device_event(
+            "gpu_memset", "Memset (Device)", start, dur, args={"bytes": nbytes}, **kw
+        )
 
     # -- rendering -----------------------------------------------------------------------------
     def _ts(self, t: Any) -> Any:
@@ -212,8 +234,9 @@ class KinetoTrace:
         if self.device_name is None:
             doc["deviceProperties"] = []
         else:
-            doc["deviceProperties"] = [{"id": 0, "name": self.device_name,
-                                        "numSms": self.num_sms, "totalGlobalMem": 85e9}]
+            doc["deviceProperties"] = [
+                {"id": 0, "name": self.device_name, "numSms": self.num_sms, "totalGlobalMem": 85e9}
+            ]
         if self.rank is not None:
             doc["distributedInfo"] = {
                 "backend": self.backend,

@@ -55,7 +55,6 @@ def test_registry_is_documented() -> None:
 
 def test_columns_doc_matches_table() -> None:
     import duckdb
-
     from ranklens.ingest.schema import ddl
 
     con = duckdb.connect()

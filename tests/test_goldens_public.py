@@ -8,9 +8,9 @@ from pathlib import Path
 
 import duckdb
 import pytest
-
 from ranklens.analysis import overlap
 from ranklens.ingest import load_traces
+
 from tests.golden_util import check_goldens
 
 GOLDENS = Path(__file__).resolve().parent / "goldens"
@@ -29,8 +29,16 @@ PUBLIC: dict[str, list[str]] = {
 
 # HTA 0.6.1 get_comm_comp_overlap, percent, per rank, on param-dlrm-kineto (integer-µs trace,
 # one ProfilerStep: HTA keeps the whole trace, as ranklens's single step does).
-HTA_DLRM_OVERLAP_PCT = {0: 4.502, 1: 2.470, 2: 7.875, 3: 3.315, 4: 0.562, 5: 0.640, 6: 7.560,
-                        7: 9.507}
+HTA_DLRM_OVERLAP_PCT = {
+    0: 4.502,
+    1: 2.470,
+    2: 7.875,
+    3: 3.315,
+    4: 0.562,
+    5: 0.640,
+    6: 7.560,
+    7: 9.507,
+}
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +78,29 @@ def test_deepseek_deepep_kernels_are_communication(
     assert rows and all(kind == "comm" for kind, _ in rows), rows
     res = overlap.run(con).table
     assert res["comm_ns"].sum() > 0
+
+
+# HTA 0.6.1 get_temporal_breakdown on param-dlrm-kineto, µs per rank:
+# (kernel_time = window, compute, idle). HTA's window is the first-to-last GPU activity, which
+# on these one-step traces is ranklens's step window.
+HTA_DLRM_BREAKDOWN_US = {
+    0: (13009, 1034, 6419),
+    1: (18749, 1246, 6428),
+    2: (11350, 1068, 7046),
+    3: (18853, 1240, 8145),
+    4: (16589, 1126, 8887),
+    5: (16392, 1041, 9121),
+    6: (11410, 1051, 7051),
+    7: (10967, 1059, 8308),
+}
+
+
+def test_dlrm_breakdown_agrees_with_hta(ingested: dict[str, duckdb.DuckDBPyConnection]) -> None:
+    from ranklens.analysis import breakdown
+
+    table = breakdown.run(ingested["param_dlrm_8rank"]).table
+    for row in table.iter_rows(named=True):
+        window, compute, idle = HTA_DLRM_BREAKDOWN_US[row["rank"]]
+        assert row["window_ns"] == window * 1000, row
+        assert row["compute_ns"] == compute * 1000, row
+        assert row["idle_ns"] == idle * 1000, row

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import duckdb
 import pytest
-
 from ranklens.analysis import breakdown
 from ranklens.ingest import load_traces
+
 from tests.golden_util import check_goldens
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"

@@ -23,12 +23,17 @@ SAMPLES = ROOT / "sample_traces"
 GENERATOR = SAMPLES / "generate.py"
 SCENARIOS = sorted(p.parent.name for p in SAMPLES.glob("*/truth.json"))
 EXPECTED_SCENARIOS = {
-    "megatron_tp2_pp2_dp2", "straggler_rank3", "pp4_gpipe_m2", "pp4_1f1b_m8",
+    "megatron_tp2_pp2_dp2",
+    "straggler_rank3",
+    "pp4_gpipe_m2",
+    "pp4_1f1b_m8",
     "unnamed_tp2_pp2_dp2",
 }
 MEGATRON_DESCS = {
-    "DP": "DATA_PARALLEL_GROUP", "TP": "TENSOR_MODEL_PARALLEL_GROUP",
-    "PP": "PIPELINE_MODEL_PARALLEL_GROUP", "MP": "MODEL_PARALLEL_GROUP",
+    "DP": "DATA_PARALLEL_GROUP",
+    "TP": "TENSOR_MODEL_PARALLEL_GROUP",
+    "PP": "PIPELINE_MODEL_PARALLEL_GROUP",
+    "MP": "MODEL_PARALLEL_GROUP",
 }
 
 
@@ -142,8 +147,7 @@ def test_generator_help_without_torch() -> None:
         f"sys.argv = ['generate.py', '--help']; runpy.run_path({str(GENERATOR)!r}, "
         "run_name='__main__')"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=False)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr
     assert "--slow-rank" in res.stdout
 
@@ -152,9 +156,27 @@ def test_generator_help_without_torch() -> None:
 def test_generator_runs_real_job(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="torch is needed to run a real gloo job")
     out = tmp_path / "job"
-    cmd = [sys.executable, str(GENERATOR), "--out", str(out), "--tp", "1", "--pp", "2",
-           "--dp", "1", "--microbatches", "2", "--steps", "1", "--slow-rank", "1",
-           "--slow-ms", "5", "--raw"]
+    cmd = [
+        sys.executable,
+        str(GENERATOR),
+        "--out",
+        str(out),
+        "--tp",
+        "1",
+        "--pp",
+        "2",
+        "--dp",
+        "1",
+        "--microbatches",
+        "2",
+        "--steps",
+        "1",
+        "--slow-rank",
+        "1",
+        "--slow-ms",
+        "5",
+        "--raw",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stderr[-4000:]
     check_scenario(out)
@@ -162,4 +184,6 @@ def test_generator_runs_real_job(tmp_path: Path) -> None:
     truth = json.loads((out / "truth.json").read_text())
     assert truth["config"]["schedule"] == "1f1b"
     assert [r["schedule_order"] for r in truth["ranks"]] == [
-        ["F0", "F1", "B0", "B1"], ["F0", "B0", "F1", "B1"]]
+        ["F0", "F1", "B0", "B1"],
+        ["F0", "B0", "F1", "B1"],
+    ]

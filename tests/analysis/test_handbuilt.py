@@ -68,12 +68,24 @@ def test_mixed_step_breakdown(ingest: Ingest) -> None:
     # busy = [100,400) ∪ [420,460) ∪ [480,500) = 300 + 40 + 20 = 360; idle = 400 - 360 = 40
     # exclusive split: 220 + 100 + 40 + 40 = 400 = W
     assert row["start_ns"] == BASE_NS + 100 * US
-    assert {k: row[k] for k in (
-        "window_ns", "compute_ns", "comm_ns", "memory_ns", "exposed_comm_ns",
-        "exposed_memory_ns", "idle_ns",
-    )} == {
-        "window_ns": 400 * US, "compute_ns": 220 * US, "comm_ns": 150 * US,
-        "memory_ns": 60 * US, "exposed_comm_ns": 100 * US, "exposed_memory_ns": 40 * US,
+    assert {
+        k: row[k]
+        for k in (
+            "window_ns",
+            "compute_ns",
+            "comm_ns",
+            "memory_ns",
+            "exposed_comm_ns",
+            "exposed_memory_ns",
+            "idle_ns",
+        )
+    } == {
+        "window_ns": 400 * US,
+        "compute_ns": 220 * US,
+        "comm_ns": 150 * US,
+        "memory_ns": 60 * US,
+        "exposed_comm_ns": 100 * US,
+        "exposed_memory_ns": 40 * US,
         "idle_ns": 40 * US,
     }
     assert row["compute_share"] == pytest.approx(220 / 400)
@@ -87,14 +99,23 @@ def test_mixed_step_overlap(ingest: Ingest) -> None:
     row = one(res.table, rank=0, step=1)
     # hidden = M ∩ C = [250,300) = 50; exposed = 150 - 50 = 100; ratio 50/150; share 100/400
     # (the memset under compute and the memcpy are neither C nor M)
-    assert (row["window_ns"], row["comm_ns"], row["hidden_ns"], row["exposed_ns"],
-            row["compute_ns"]) == (400 * US, 150 * US, 50 * US, 100 * US, 220 * US)
+    assert (
+        row["window_ns"],
+        row["comm_ns"],
+        row["hidden_ns"],
+        row["exposed_ns"],
+        row["compute_ns"],
+    ) == (400 * US, 150 * US, 50 * US, 100 * US, 220 * US)
     assert row["overlap_ratio"] == pytest.approx(1 / 3)
     assert row["exposed_share"] == pytest.approx(0.25)
     # the AllReduce has no group args: by_group keys it as '?' / all_reduce, parallelism UNKNOWN
     g = one(res.tables["by_group"], rank=0, step=1)
     assert (g["pg_name"], g["coll_op"], g["parallelism"], g["n_ops"]) == (
-        "?", "all_reduce", "UNKNOWN", 1)
+        "?",
+        "all_reduce",
+        "UNKNOWN",
+        1,
+    )
     assert (g["comm_ns"], g["hidden_ns"], g["exposed_ns"]) == (150 * US, 50 * US, 100 * US)
 
 
@@ -124,19 +145,29 @@ def test_two_steps_follow_the_launch(ingest: Ingest) -> None:
     t.nccl("AllReduce", 300, 100, stream=9, launch=110)
     t.kernel("opt", 320, 30, stream=7, launch=120)
     con = ingest(t)
-    steps = con.sql("SELECT step, start_ns - $b, end_ns - $b FROM steps ORDER BY step",
-                    params={"b": BASE_NS}).fetchall()
+    steps = con.sql(
+        "SELECT step, start_ns - $b, end_ns - $b FROM steps ORDER BY step", params={"b": BASE_NS}
+    ).fetchall()
     # step 1: W = [150, 300); step 2: W = [300, 400)
     assert steps == [(1, 150 * US, 300 * US), (2, 300 * US, 400 * US)]
     b = breakdown.run(con).table
     # step 1: C = [150,300) = 150 = W, idle 0
     s1 = one(b, step=1)
     assert (s1["window_ns"], s1["compute_ns"], s1["comm_ns"], s1["idle_ns"]) == (
-        150 * US, 150 * US, 0, 0)
+        150 * US,
+        150 * US,
+        0,
+        0,
+    )
     # step 2: C = [320,350) = 30, M = [300,400) = 100, hidden 30, exposed 70, idle 0
     s2 = one(b, step=2)
-    assert (s2["window_ns"], s2["compute_ns"], s2["comm_ns"], s2["exposed_comm_ns"],
-            s2["idle_ns"]) == (100 * US, 30 * US, 100 * US, 70 * US, 0)
+    assert (
+        s2["window_ns"],
+        s2["compute_ns"],
+        s2["comm_ns"],
+        s2["exposed_comm_ns"],
+        s2["idle_ns"],
+    ) == (100 * US, 30 * US, 100 * US, 70 * US, 0)
     res = overlap.run(con)
     o2 = one(res.table, step=2)
     assert (o2["hidden_ns"], o2["exposed_ns"]) == (30 * US, 70 * US)
@@ -145,7 +176,12 @@ def test_two_steps_follow_the_launch(ingest: Ingest) -> None:
     # per rank: ratios of sums over the steps: W 250, M 100, hidden 30, exposed 70
     r = one(res.tables["by_rank"], rank=0)
     assert (r["steps"], r["window_ns"], r["comm_ns"], r["hidden_ns"], r["exposed_ns"]) == (
-        2, 250 * US, 100 * US, 30 * US, 70 * US)
+        2,
+        250 * US,
+        100 * US,
+        30 * US,
+        70 * US,
+    )
     assert r["overlap_ratio"] == pytest.approx(0.3)
     assert r["exposed_share"] == pytest.approx(70 / 250)
 
@@ -180,7 +216,12 @@ def test_rank_without_communication(ingest: Ingest) -> None:
     # rank 1: W = [10,50) = 40, C = 20 + 10 = 30, M = 0 -> ratio undefined (None), exposed 0
     q = one(res.table, rank=1)
     assert (q["window_ns"], q["comm_ns"], q["hidden_ns"], q["exposed_ns"], q["compute_ns"]) == (
-        40 * US, 0, 0, 0, 30 * US)
+        40 * US,
+        0,
+        0,
+        0,
+        30 * US,
+    )
     assert q["overlap_ratio"] is None
     assert q["exposed_share"] == 0
     assert one(res.tables["by_rank"], rank=1)["overlap_ratio"] is None
@@ -216,9 +257,14 @@ def test_cpu_only_gloo_rank(ingest: Ingest) -> None:
     # exclusive split: 350 + 345 + 405 = 1100
     row = one(breakdown.run(con).table, rank=0, step=3)
     assert row["start_ns"] == BASE_NS
-    assert (row["window_ns"], row["compute_ns"], row["comm_ns"], row["exposed_comm_ns"],
-            row["idle_ns"], row["memory_ns"]) == (
-        1100 * US, 350 * US, 395 * US, 345 * US, 405 * US, 0)
+    assert (
+        row["window_ns"],
+        row["compute_ns"],
+        row["comm_ns"],
+        row["exposed_comm_ns"],
+        row["idle_ns"],
+        row["memory_ns"],
+    ) == (1100 * US, 350 * US, 395 * US, 345 * US, 405 * US, 0)
     o = one(overlap.run(con).table, rank=0, step=3)
     assert (o["hidden_ns"], o["exposed_ns"]) == (50 * US, 345 * US)
     assert o["overlap_ratio"] == pytest.approx(50 / 395)
@@ -232,18 +278,33 @@ def megatron_rank0() -> KinetoTrace:
     stream 9: TP AllReduce [150,250)
     stream 10: DP AllGather [180,220), DP ReduceScatter [300,340)
     """
-    t = KinetoTrace(rank=0, world_size=4, pg_config=[
-        PgConfig("0", [0, 1, 2, 3], "default_pg"),
-        PgConfig("1", [0, 1], "TENSOR_MODEL_PARALLEL_GROUP"),
-        PgConfig("2", [0, 2], "DATA_PARALLEL_GROUP"),
-    ])
+    t = KinetoTrace(
+        rank=0,
+        world_size=4,
+        pg_config=[
+            PgConfig("0", [0, 1, 2, 3], "default_pg"),
+            PgConfig("1", [0, 1], "TENSOR_MODEL_PARALLEL_GROUP"),
+            PgConfig("2", [0, 2], "DATA_PARALLEL_GROUP"),
+        ],
+    )
     t.step(1, 0, 1000)
     t.kernel("gemm", 100, 100, stream=7)
-    tp: dict[str, Any] = {"pg_name": "1", "pg_desc": "TENSOR_MODEL_PARALLEL_GROUP",
-                          "pg_ranks": [0, 1], "group_size": 2, "dtype": "BFloat16",
-                          "nelems": 1024}
-    dp: dict[str, Any] = {"pg_name": "2", "pg_desc": "DATA_PARALLEL_GROUP", "pg_ranks": [0, 2],
-                          "group_size": 2, "dtype": "Float", "nelems": 4096}
+    tp: dict[str, Any] = {
+        "pg_name": "1",
+        "pg_desc": "TENSOR_MODEL_PARALLEL_GROUP",
+        "pg_ranks": [0, 1],
+        "group_size": 2,
+        "dtype": "BFloat16",
+        "nelems": 1024,
+    }
+    dp: dict[str, Any] = {
+        "pg_name": "2",
+        "pg_desc": "DATA_PARALLEL_GROUP",
+        "pg_ranks": [0, 2],
+        "group_size": 2,
+        "dtype": "Float",
+        "nelems": 4096,
+    }
     t.nccl("AllReduce", 150, 100, stream=9, coll="allreduce", **tp)
     t.nccl("AllGather", 180, 40, stream=10, coll="_allgather_base", **dp)
     t.nccl("ReduceScatter", 300, 40, stream=10, coll="_reduce_scatter_base", **dp)
@@ -254,21 +315,52 @@ def test_by_group_and_parallelism(ingest: Ingest) -> None:
     con = ingest(megatron_rank0())
     res = overlap.run(con)
     g = res.tables["by_group"]
-    cols = ("pg_name", "pg_desc", "parallelism", "coll_op", "n_ops", "comm_ns", "hidden_ns",
-            "exposed_ns")
+    cols = (
+        "pg_name",
+        "pg_desc",
+        "parallelism",
+        "coll_op",
+        "n_ops",
+        "comm_ns",
+        "hidden_ns",
+        "exposed_ns",
+    )
     # TP all_reduce [150,250) vs C [100,200): hidden 50, exposed 50
     # DP all_gather [180,220): hidden [180,200) = 20, exposed 20
     # DP reduce_scatter [300,340): hidden 0, exposed 40
     assert rows(g.sort("pg_name", "coll_op"), *cols) == [
-        dict(zip(cols, ("1", "TENSOR_MODEL_PARALLEL_GROUP", "TP", "all_reduce", 1, 100 * US,
-                        50 * US, 50 * US), strict=True)),
-        dict(zip(cols, ("2", "DATA_PARALLEL_GROUP", "DP", "all_gather", 1, 40 * US, 20 * US,
-                        20 * US), strict=True)),
-        dict(zip(cols, ("2", "DATA_PARALLEL_GROUP", "DP", "reduce_scatter", 1, 40 * US, 0,
-                        40 * US), strict=True)),
+        dict(
+            zip(
+                cols,
+                (
+                    "1",
+                    "TENSOR_MODEL_PARALLEL_GROUP",
+                    "TP",
+                    "all_reduce",
+                    1,
+                    100 * US,
+                    50 * US,
+                    50 * US,
+                ),
+                strict=True,
+            )
+        ),
+        dict(
+            zip(
+                cols,
+                ("2", "DATA_PARALLEL_GROUP", "DP", "all_gather", 1, 40 * US, 20 * US, 20 * US),
+                strict=True,
+            )
+        ),
+        dict(
+            zip(
+                cols,
+                ("2", "DATA_PARALLEL_GROUP", "DP", "reduce_scatter", 1, 40 * US, 0, 40 * US),
+                strict=True,
+            )
+        ),
     ]
-    assert g.sort("pg_name", "coll_op")["overlap_ratio"].to_list() == pytest.approx(
-        [0.5, 0.5, 0.0])
+    assert g.sort("pg_name", "coll_op")["overlap_ratio"].to_list() == pytest.approx([0.5, 0.5, 0.0])
     # per parallelism: DP M_x = [180,220) ∪ [300,340) = 80, hidden 20, exposed 60
     p = res.tables["by_parallelism"].sort("parallelism")
     assert rows(p, "parallelism", "comm_ns", "hidden_ns", "exposed_ns") == [
@@ -282,12 +374,18 @@ def test_by_group_and_parallelism(ingest: Ingest) -> None:
     # busy = [100,250) ∪ [300,340) = 190 -> idle 50
     o = one(res.table, step=1)
     assert (o["window_ns"], o["comm_ns"], o["hidden_ns"], o["exposed_ns"]) == (
-        240 * US, 140 * US, 50 * US, 90 * US)
+        240 * US,
+        140 * US,
+        50 * US,
+        90 * US,
+    )
     b = breakdown.run(con)
     assert one(b.table, step=1)["idle_ns"] == 50 * US
     bp = b.tables["by_parallelism"].sort("parallelism")
     assert rows(bp, "parallelism", "comm_ns") == [
-        {"parallelism": "DP", "comm_ns": 80 * US}, {"parallelism": "TP", "comm_ns": 100 * US}]
+        {"parallelism": "DP", "comm_ns": 80 * US},
+        {"parallelism": "TP", "comm_ns": 100 * US},
+    ]
     assert bp["comm_share"].to_list() == pytest.approx([80 / 240, 100 / 240])
 
 

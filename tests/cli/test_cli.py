@@ -11,9 +11,8 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from typer.testing import CliRunner
-
 from ranklens.cli.main import app
+from typer.testing import CliRunner
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "straggler_rank3" / "raw"
 runner = CliRunner()

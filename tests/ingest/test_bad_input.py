@@ -48,12 +48,14 @@ def corrupt_gz() -> bytes:
 
 def bad_utf8() -> bytes:
     return with_event(cat="kernel", name="BADNAME", pid=0, tid=7, ts=50, dur=1).replace(
-        b"BADNAME", b"gemm_\xff\xfe_kernel")
+        b"BADNAME", b"gemm_\xff\xfe_kernel"
+    )
 
 
 def big_id() -> bytes:
-    return with_event(cat="kernel", name="k", pid=0, tid=7, ts=50, dur=1,
-                      args={"correlation": 2**70})
+    return with_event(
+        cat="kernel", name="k", pid=0, tid=7, ts=50, dur=1, args={"correlation": 2**70}
+    )
 
 
 # name -> (file name, bytes, what the message must say)
@@ -65,12 +67,21 @@ CASES: dict[str, tuple[str, Callable[[], bytes], str]] = {
     "not-a-trace": ("rank1.json", lambda: b'{"a": 1}', "traceEvents"),
     "json-list": ("rank1.json", lambda: b"[1, 2]", "not a Kineto trace"),
     "png": ("rank1.json", lambda: PNG, "not valid JSON"),
-    "negative-dur": ("rank1.json", lambda: with_event(cat="kernel", name="neg_k", pid=0, tid=7,
-                                                      ts=50, dur=-3), "'neg_k'"),
-    "missing-dur": ("rank1.json", lambda: with_event(cat="cpu_op", name="no_dur", pid=1, tid=1,
-                                                     ts=50), "'no_dur'"),
-    "missing-ts": ("rank1.json", lambda: with_event(cat="cpu_op", name="no_ts", pid=1, tid=1,
-                                                    dur=5), "no timestamp"),
+    "negative-dur": (
+        "rank1.json",
+        lambda: with_event(cat="kernel", name="neg_k", pid=0, tid=7, ts=50, dur=-3),
+        "'neg_k'",
+    ),
+    "missing-dur": (
+        "rank1.json",
+        lambda: with_event(cat="cpu_op", name="no_dur", pid=1, tid=1, ts=50),
+        "'no_dur'",
+    ),
+    "missing-ts": (
+        "rank1.json",
+        lambda: with_event(cat="cpu_op", name="no_ts", pid=1, tid=1, dur=5),
+        "no timestamp",
+    ),
     "id-beyond-int64": ("rank1.json", big_id, "correlation"),
     "invalid-utf8": ("rank1.json", bad_utf8, "UTF-8"),
 }
@@ -109,9 +120,9 @@ def test_bad_file_is_skipped_and_recorded(tmp_path: Path, case: str) -> None:
     assert [s.path for s in report.skipped] == [str(bad)]
     check_error(TraceFormatError(report.skipped[0].reason, "-"), bad, CASES[case][2])
     with duckdb.connect(str(db), read_only=True) as con:
-        assert con.sql("SELECT path, status, error IS NOT NULL, rank FROM sources "
-                       "ORDER BY path").fetchall() == [
-            (str(ok), "ok", False, 0), (str(bad), "skipped", True, None)]
+        assert con.sql(
+            "SELECT path, status, error IS NOT NULL, rank FROM sources ORDER BY path"
+        ).fetchall() == [(str(ok), "ok", False, 0), (str(bad), "skipped", True, None)]
         assert con.sql("SELECT DISTINCT rank FROM events").fetchall() == [(0,)]
         assert con.sql("SELECT rank FROM ranks").fetchall() == [(0,)]
 
@@ -143,8 +154,15 @@ def test_invalid_utf8_in_the_header(tmp_path: Path) -> None:
 
 def test_unused_id_beyond_int64_is_ignored(tmp_path: Path) -> None:
     # `Comms Id` (seen beyond int64 in real traces) is not read: the file ingests
-    data = with_event(cat="kernel", name="k", pid=0, tid=7, ts=50, dur=1,
-                      args={"Comms Id": 2**70, "correlation": 5})
+    data = with_event(
+        cat="kernel",
+        name="k",
+        pid=0,
+        tid=7,
+        ts=50,
+        dur=1,
+        args={"Comms Id": 2**70, "correlation": 5},
+    )
     (tmp_path / "rank1.json").write_bytes(data)
     assert load_traces([tmp_path / "rank1.json"], tmp_path / "o.duckdb", workers=1).ranks == [1]
 
@@ -168,7 +186,9 @@ def test_two_files_claiming_one_rank(tmp_path: Path) -> None:
     assert report.ranks == [0] and [s.path for s in report.skipped] == [str(b)]
     with duckdb.connect(str(tmp_path / "o.duckdb"), read_only=True) as con:
         assert con.sql("SELECT path, status FROM sources ORDER BY path").fetchall() == [
-            (str(a), "ok"), (str(b), "skipped")]
+            (str(a), "ok"),
+            (str(b), "skipped"),
+        ]
 
 
 def test_every_file_bad_is_an_error_even_when_skipping(tmp_path: Path) -> None:
@@ -209,7 +229,8 @@ def test_parallel_error_leaves_no_inflated_copies(
     with pytest.raises(TraceFormatError):
         load_traces(paths, tmp_path / "o.duckdb", workers=2)
     leftovers = [
-        f for f in glob.glob(str(Path(tempfile.gettempdir()) / "ranklens-*" / "*"))
+        f
+        for f in glob.glob(str(Path(tempfile.gettempdir()) / "ranklens-*" / "*"))
         if marker.encode() in Path(f).read_bytes()
     ]
     assert leftovers == []

@@ -49,8 +49,9 @@ def test_rank_from_distributed_info(tmp_path: Path) -> None:
     report = load_traces([p], tmp_path / "o.duckdb", workers=1)
     assert report.ranks == [5] and report.skipped == []
     with duckdb.connect(str(tmp_path / "o.duckdb"), read_only=True) as con:
-        assert q(con, "SELECT rank, world_size, backend, device_name, num_sms, has_gpu "
-                      "FROM ranks") == [(5, 8, "nccl", "NVIDIA H100 80GB HBM3", 132, True)]
+        assert q(
+            con, "SELECT rank, world_size, backend, device_name, num_sms, has_gpu FROM ranks"
+        ) == [(5, 8, "nccl", "NVIDIA H100 80GB HBM3", 132, True)]
         assert q(con, "SELECT DISTINCT rank FROM events") == [(5,)]
 
 
@@ -104,8 +105,9 @@ def test_kinds_in_a_gpu_trace(ingest: Ingest) -> None:
     t.host("cudaStreamSynchronize", 900, 20, cat="cuda_runtime", args={"correlation": 9})
     t.kernel("sm90_xmma_gemm_bf16", 100, 10)
     t.nccl("AllGather", 120, 10, stream=9)
-    t.device_event("kernel", "void dpsk::ep::internode::dispatch<8, 1024>(int*)", 140, 10,
-                   stream=20)
+    t.device_event(
+        "kernel", "void dpsk::ep::internode::dispatch<8, 1024>(int*)", 140, 10, stream=20
+    )
     t.device_event("kernel", "void dpsk::ep::internode::combine<8>(int*)", 160, 10, stream=20)
     t.memcpy(200, 10, direction="DtoH (Device -> Pinned)")
     t.memset(220, 10)
@@ -114,17 +116,31 @@ def test_kinds_in_a_gpu_trace(ingest: Ingest) -> None:
     got = {n: (k, op) for n, k, op in q(con, "SELECT name, kind::VARCHAR, coll_op FROM events")}
     assert got["sm90_xmma_gemm_bf16"] == ("compute", None)
     assert got["ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"] == (
-        "comm", "all_gather")
+        "comm",
+        "all_gather",
+    )
     assert got["void dpsk::ep::internode::dispatch<8, 1024>(int*)"] == ("comm", "all_to_all")
     assert got["void dpsk::ep::internode::combine<8>(int*)"] == ("comm", "all_to_all")
     # (in a GPU trace, host ops such as aten::mm only launch the work: cpu_op, not compute)
-    assert [got[n][0] for n in ("Memcpy DtoH (Device -> Pinned)", "Memset (Device)",
-                                "cudaStreamSynchronize", "cudaLaunchKernel", "aten::mm",
-                                "record_param_comms", "ProfilerStep#1", "## forward ##")] == [
-        "memcpy", "memset", "sync", "runtime", "cpu_op", "cpu_op", "annotation", "annotation"]
+    assert [
+        got[n][0]
+        for n in (
+            "Memcpy DtoH (Device -> Pinned)",
+            "Memset (Device)",
+            "cudaStreamSynchronize",
+            "cudaLaunchKernel",
+            "aten::mm",
+            "record_param_comms",
+            "ProfilerStep#1",
+            "## forward ##",
+        )
+    ] == ["memcpy", "memset", "sync", "runtime", "cpu_op", "cpu_op", "annotation", "annotation"]
     # device events keep their device and stream; host events are device -1 on their thread
-    assert q(con, "SELECT device, stream FROM events WHERE name IN ('Memset (Device)', "
-                  "'aten::mm') ORDER BY device") == [(-1, 4242), (0, 7)]
+    assert q(
+        con,
+        "SELECT device, stream FROM events WHERE name IN ('Memset (Device)', "
+        "'aten::mm') ORDER BY device",
+    ) == [(-1, 4242), (0, 7)]
 
 
 def test_kinds_in_a_cpu_trace(ingest: Ingest) -> None:
@@ -136,9 +152,12 @@ def test_kinds_in_a_cpu_trace(ingest: Ingest) -> None:
     t.gloo("broadcast", 200, 50)
     con = ingest(t)
     assert dict(q(con, "SELECT name, (kind::VARCHAR, coll_op) FROM events")) == {
-        "ProfilerStep#1": ("annotation", None), "aten::mm": ("compute", None),
-        "c10d::allreduce_": ("cpu_op", "all_reduce"), "gloo:all_reduce": ("comm", "all_reduce"),
-        "gloo:broadcast": ("comm", "broadcast")}
+        "ProfilerStep#1": ("annotation", None),
+        "aten::mm": ("compute", None),
+        "c10d::allreduce_": ("cpu_op", "all_reduce"),
+        "gloo:all_reduce": ("comm", "all_reduce"),
+        "gloo:broadcast": ("comm", "broadcast"),
+    }
     assert q(con, "SELECT has_gpu, device_name, backend FROM ranks") == [(False, None, "gloo")]
 
 
@@ -148,7 +167,9 @@ def test_timestamps_keep_nanoseconds(ingest: Ingest) -> None:
     t.host("aten::mul", 2_000_000.999, 1.25)
     con = ingest(t)
     assert q(con, "SELECT ts_ns, dur_ns FROM events ORDER BY ts_ns") == [
-        (ns(100.001), 500), (ns(2_000_000.999), 1250)]
+        (ns(100.001), 500),
+        (ns(2_000_000.999), 1250),
+    ]
 
 
 # -- steps -------------------------------------------------------------------------------------
@@ -176,7 +197,8 @@ def test_trace_without_profiler_step_is_one_pseudo_step(ingest: Ingest) -> None:
     t.kernel("b", 100, 20)
     con = ingest(t)
     assert q(con, "SELECT step, start_ns, end_ns, source FROM steps") == [
-        (-1, ns(50), ns(120), "trace")]
+        (-1, ns(50), ns(120), "trace")
+    ]
     assert q(con, "SELECT DISTINCT step FROM events") == [(-1,)]
 
 
@@ -188,15 +210,22 @@ def test_process_groups_merged_across_ranks(ingest: Ingest) -> None:
     dp = PgConfig("3", [0, 2], "DATA_PARALLEL_GROUP", backend_config="cpu:gloo")
     odd = PgConfig("4", [1, 3])  # pg_desc "undefined" -> NULL
     traces = [gpu_rank(r, world=4) for r in range(4)]
-    for t, groups in zip(traces, ([world, tp01, dp], [world, tp01, odd], [world, tp23, dp],
-                                  [world, tp23, odd]), strict=True):
+    for t, groups in zip(
+        traces,
+        ([world, tp01, dp], [world, tp01, odd], [world, tp23, dp], [world, tp23, odd]),
+        strict=True,
+    ):
         t.pg_config = groups
     # a group known only from kernel args (not in any pg_config)
-    traces[0].nccl("SendRecv", 60, 5, stream=11, pg_name="9", pg_desc="mesh_ep",
-                   pg_ranks=[0, 3], group_size=2)
+    traces[0].nccl(
+        "SendRecv", 60, 5, stream=11, pg_name="9", pg_desc="mesh_ep", pg_ranks=[0, 3], group_size=2
+    )
     con = ingest(traces)
-    assert q(con, "SELECT pg_name, pg_desc, ranks, size, backend, parallelism, source "
-                  "FROM process_groups ORDER BY pg_name") == [
+    assert q(
+        con,
+        "SELECT pg_name, pg_desc, ranks, size, backend, parallelism, source "
+        "FROM process_groups ORDER BY pg_name",
+    ) == [
         ("0", "default_pg", [0, 1, 2, 3], 4, "nccl", "WORLD", "pg_config"),
         ("1", "TENSOR_MODEL_PARALLEL_GROUP", [0, 1], 2, "nccl", "TP", "pg_config"),
         ("2", "TENSOR_MODEL_PARALLEL_GROUP", [2, 3], 2, "nccl", "TP", "pg_config"),
@@ -210,13 +239,24 @@ def test_comm_kernel_inherits_args_from_record_param_comms(ingest: Ingest) -> No
     t = KinetoTrace(rank=0)
     t.step(1, 0, 100)
     k = t.nccl("AllReduce", 20, 10, stream=9)  # no args (older NCCL kernels)
-    t.host("record_param_comms", 5, 2, args={
-        "External id": k["args"]["External id"], "Process Group Name": "1",
-        "Collective name": "allreduce", "In msg nelems": 1024, "Out msg nelems": 1024,
-        "Group size": 2, "dtype": "Float"})
+    t.host(
+        "record_param_comms",
+        5,
+        2,
+        args={
+            "External id": k["args"]["External id"],
+            "Process Group Name": "1",
+            "Collective name": "allreduce",
+            "In msg nelems": 1024,
+            "Out msg nelems": 1024,
+            "Group size": 2,
+            "dtype": "Float",
+        },
+    )
     con = ingest(t)
-    assert q(con, "SELECT pg_name, coll_op, in_nelems, group_size, dtype FROM events "
-                  "WHERE kind = 'comm'") == [("1", "all_reduce", 1024, 2, "Float")]
+    assert q(
+        con, "SELECT pg_name, coll_op, in_nelems, group_size, dtype FROM events WHERE kind = 'comm'"
+    ) == [("1", "all_reduce", 1024, 2, "Float")]
 
 
 # -- idempotence, atomic output, inputs left alone ----------------------------------------------
@@ -230,7 +270,11 @@ def test_reingest_is_idempotent(tmp_path: Path) -> None:
     load_traces(paths[::-1], tmp_path / "other.duckdb", workers=1)  # order of inputs
     assert dump_tables(tmp_path / "other.duckdb") == first
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "o.duckdb", "other.duckdb", "rank0.json.gz", "rank1.json.gz"]
+        "o.duckdb",
+        "other.duckdb",
+        "rank0.json.gz",
+        "rank1.json.gz",
+    ]
 
 
 @pytest.mark.parametrize("where", ["decode", "finish"])
@@ -270,8 +314,10 @@ def test_input_files_are_unchanged(tmp_path: Path) -> None:
     gpu_rank(1).write(tmp_path / "rank1.json.gz")
 
     def state() -> list[tuple[str, str, int]]:
-        return sorted((p.name, hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
-                      for p in tmp_path.iterdir())
+        return sorted(
+            (p.name, hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in tmp_path.iterdir()
+        )
 
     before, db = state(), tmp_path.parent / f"{tmp_path.name}.duckdb"
     load_traces([tmp_path], db, workers=1)
@@ -352,12 +398,16 @@ def json_facts(path: Path) -> dict[str, Any]:
 def check_against_json(con: duckdb.DuckDBPyConnection, rank: int, f: dict[str, Any]) -> None:
     r = f"rank = {rank}"
     assert q(con, f"SELECT count(*) FROM events WHERE {r}") == [(f["n_events"],)]
-    per_stream = dict(q(con, f"SELECT stream, count(*) FROM events WHERE {r} AND cat = 'kernel' "
-                             "GROUP BY stream"))
+    per_stream = dict(
+        q(con, f"SELECT stream, count(*) FROM events WHERE {r} AND cat = 'kernel' GROUP BY stream")
+    )
     assert per_stream == dict(f["per_stream"])
-    comm = q(con, f"SELECT count(*) FILTER (WHERE name LIKE 'nccl%' OR name LIKE 'void nccl%'), "
-                  f"count(*) FILTER (WHERE name LIKE '%dpsk::ep::%'), count(*) FROM events "
-                  f"WHERE {r} AND cat = 'kernel' AND kind = 'comm'")
+    comm = q(
+        con,
+        f"SELECT count(*) FILTER (WHERE name LIKE 'nccl%' OR name LIKE 'void nccl%'), "
+        f"count(*) FILTER (WHERE name LIKE '%dpsk::ep::%'), count(*) FROM events "
+        f"WHERE {r} AND cat = 'kernel' AND kind = 'comm'",
+    )
     assert comm == [(f["nccl"], f["dpsk"], f["nccl"] + f["dpsk"])]
     assert q(con, f"SELECT count(*) FROM events WHERE {r} AND kind = 'memcpy'") == [(f["memcpy"],)]
     assert {s for (s,) in q(con, f"SELECT step FROM steps WHERE {r}")} == f["steps"]
@@ -392,7 +442,8 @@ def test_public_dlrm_eight_ranks(ingest: Ingest, shared_traces: Path) -> None:
     d = shared_traces / "param-dlrm-kineto" / "extracted"
     con = ingest([d], workers=2)
     assert q(con, "SELECT list(rank ORDER BY rank), max(world_size) FROM ranks") == [
-        (list(range(8)), 8)]
+        (list(range(8)), 8)
+    ]
     for path in sorted(d.glob("rank*.json.gz")):
         facts = json_facts(path)
         check_against_json(con, facts["rank"], facts)
