@@ -30,7 +30,7 @@ import pyarrow as pa
 from ranklens.ingest.errors import TraceFormatError
 from ranklens.ingest.kineto_events import _Event, _fail, _parse_ranks, columns
 
-PIECE_BYTES = 32 * 1024 * 1024
+PIECE_BYTES = 16 * 1024 * 1024
 _GZ_IN_MEMORY_MAX = 64 * 1024 * 1024
 _BOUNDARY_RE = re.compile(rb"\}\s*,\s*\{")
 _HAS_DEVICE_RE = re.compile(rb'"cat"\s*:\s*"(?:kernel|gpu_memcpy|gpu_memset)"')

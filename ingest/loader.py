@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import multiprocessing as mp
 import os
+import shutil
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -107,6 +108,8 @@ def load_traces(
     try:
         con = duckdb.connect(str(tmp))
         con.execute("SET enable_progress_bar = false")
+        # Bound the writer's memory; DuckDB spills to a temp dir beside the output instead.
+        con.execute(f"SET memory_limit = '{_memory_limit_mb(files)}MB'")
         try:
             _ingest(con, files, report, on_error, workers, progress)
             con.execute("CHECKPOINT")
@@ -117,6 +120,7 @@ def load_traces(
     finally:
         tmp.unlink(missing_ok=True)
         Path(str(tmp) + ".wal").unlink(missing_ok=True)
+        shutil.rmtree(str(tmp) + ".tmp", ignore_errors=True)  # DuckDB's spill directory
     return report
 
 
@@ -169,6 +173,12 @@ def _ingest(
         infer_communicators(con)
     report.ranks = sorted(sink.rank_of.values())
     report.n_events = int(con.execute("SELECT count(*) FROM events").fetchall()[0][0])
+
+
+def _memory_limit_mb(files: list[str]) -> int:
+    """DuckDB's budget: a third of the input (at least 256 MB), so that with the decoding
+    workers the whole ingest stays near the input's size."""
+    return max(256, sum(_size(f) for f in files) // (3 * 2**20))
 
 
 def _size(path: str) -> int:
@@ -385,7 +395,7 @@ def _parallel_file(
     nxt = 0
     try:
         while nxt < len(prep.pieces) or pending:
-            while nxt < len(prep.pieces) and len(pending) < n + 1:
+            while nxt < len(prep.pieces) and len(pending) < n:
                 pending.append(pool.submit(kineto.decode_piece, prep, nxt, rank, tid))
                 nxt += 1
             pc = pending.pop(0).result()

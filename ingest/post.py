@@ -115,8 +115,7 @@ def finish_database(con: duckdb.DuckDBPyConnection, groups: list[dict[str, Any]]
     con.execute(
         f"""CREATE TABLE _events_sorted AS SELECT {select}
         FROM events e LEFT JOIN _host_step h ON e.rowid = h.rid
-        LEFT JOIN _dev_step d ON e.rowid = d.rid LEFT JOIN _late_step l ON e.rowid = l.rid
-        ORDER BY e.rank, e.device, e.ts_ns"""
+        LEFT JOIN _dev_step d ON e.rowid = d.rid LEFT JOIN _late_step l ON e.rowid = l.rid"""
     )
     con.execute("DROP TABLE events")
     con.execute("ALTER TABLE _events_sorted RENAME TO events")
