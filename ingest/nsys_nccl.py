@@ -184,10 +184,11 @@ def decode_payload(
                 return facts
     blob = pl.get("binaryData")
     if isinstance(blob, str):
+        text = blob
         try:
-            blob = bytes.fromhex(blob)
+            blob = bytes.fromhex(text)
         except ValueError:
-            blob = blob.encode("latin-1", "replace")
+            blob = text.encode("latin-1", "replace")
     if not isinstance(blob, bytes | bytearray) or not blob:
         return {}
     dom = int(str(pl.get("domainId", 0)))
