@@ -19,7 +19,7 @@ from ranklens.analysis import check as check_mod
 from ranklens.analysis.report import build_report
 from ranklens.analysis.sql_console import SqlError, run_sql
 from ranklens.analysis.views import install_views
-from ranklens.cli import check_render, render
+from ranklens.cli import capture_run, check_render, render
 from ranklens.ingest import RanklensError, load_traces
 from ranklens.ingest.database import open_run
 from rich.console import Console
@@ -316,6 +316,31 @@ def check(
         with open(summary, "a") as fh:
             fh.write(check_render.as_markdown(verdicts, regressions))
     raise typer.Exit(check_mod.exit_code(verdicts))
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def capture(
+    ctx: typer.Context,
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")] = Path(
+        "ranklens-run"
+    ),
+    steps: Annotated[int, typer.Option(help="Steps to profile on every rank.")] = 3,
+    wait: Annotated[int, typer.Option(help="Steps to skip first (warm-up runs after).")] = 1,
+) -> None:
+    """Run a training command and profile a few steps on every rank, e.g.
+    `ranklens capture -o run -- torchrun --nproc-per-node 4 train.py`. Each optimizer.step()
+    ends a step; processes with a RANK (torchrun, SLURM) write run/rank{r}.json.gz."""
+    command = list(ctx.args)
+    if not command:
+        raise typer.BadParameter("give the command after --, e.g. -- torchrun ... train.py")
+    try:
+        result = capture_run.run(command, out_dir, steps=steps, wait=wait)
+    except RanklensError as exc:
+        raise _fail(exc) from None
+    out.print(f"captured {len(result['ranks'])} rank(s) into {out_dir}: ranks {result['ranks']}")
+    out.print(f"next: ranklens report {out_dir}   |   ranklens check {out_dir} --max-bubble 0.25")
 
 
 def main() -> None:

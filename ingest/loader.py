@@ -30,6 +30,8 @@ from ranklens.ingest.schema import SCHEMA_VERSION, TABLE_BY_NAME, ddl
 from ranklens import __version__
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep")
+# Files a run directory may hold beside its traces (capture's manifest, a generator's truth).
+NOT_TRACES = frozenset({"manifest.json", "truth.json"})
 _SERIAL_BELOW_BYTES = 24 * 1024 * 1024
 _EVENT_COLS = TABLE_BY_NAME["events"].column_names
 
@@ -62,7 +64,11 @@ def find_traces(inputs: Sequence[str | os.PathLike[str]]) -> list[str]:
         s = str(item)
         if os.path.isdir(s):
             for root, _dirs, files in os.walk(s):
-                found += [os.path.join(root, f) for f in files if f.endswith(TRACE_SUFFIXES)]
+                found += [
+                    os.path.join(root, f)
+                    for f in files
+                    if f.endswith(TRACE_SUFFIXES) and f not in NOT_TRACES
+                ]
         elif any(ch in s for ch in "*?["):
             found += [p for p in glob.glob(s, recursive=True) if os.path.isfile(p)]
         else:

@@ -223,6 +223,29 @@ def _export(path: str) -> Callable[[profile], None]:
     return handler
 
 
+def build_ctx(rank: int, cfg: dict[str, Any], layout: list[dict[str, Any]]) -> Ctx:
+    """After init_process_group: create every group (same order on all ranks), the stage's
+    model and optimizer."""
+    tp, pp, dp = int(cfg["tp"]), int(cfg["pp"]), int(cfg["dp"])
+    groups: dict[str, Any] = {}
+    for spec in layout:  # every rank creates every group, in the same order
+        desc = None if cfg["unnamed"] else spec["description"]
+        pg = dist.new_group(spec["ranks"], group_desc=desc)
+        if rank in spec["ranks"] and spec["kind"] in ("TP", "DP", "PP"):
+            groups[spec["kind"]] = pg
+    dp_idx, stage = (rank // tp) % dp, rank // (tp * dp)
+    stride = tp * dp
+    hidden = int(cfg["hidden"])
+    blocks = [ParallelMLP(hidden, tp, groups["TP"]) for _ in range(int(cfg["layers"]))]
+    model = nn.Sequential(*blocks)
+    return Ctx(
+        rank=rank, cfg=cfg, stage=stage, dp_idx=dp_idx, groups=groups,
+        prev_rank=rank - stride if stage > 0 else None,
+        next_rank=rank + stride if stage < pp - 1 else None,
+        model=model, optim=torch.optim.SGD(model.parameters(), lr=1e-3),
+    )
+
+
 def worker(rank: int, cfg: dict[str, Any], layout: list[dict[str, Any]], port: int,
            out: str) -> None:
     """Entry point of one spawned rank: init gloo, build groups, train, profile, write truth."""
@@ -232,23 +255,8 @@ def worker(rank: int, cfg: dict[str, Any], layout: list[dict[str, Any]], port: i
     torch.manual_seed(rank)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=300))
-    groups: dict[str, Any] = {}
-    for spec in layout:  # every rank creates every group, in the same order
-        desc = None if cfg["unnamed"] else spec["description"]
-        pg = dist.new_group(spec["ranks"], group_desc=desc)
-        if rank in spec["ranks"] and spec["kind"] in ("TP", "DP", "PP"):
-            groups[spec["kind"]] = pg
+    ctx = build_ctx(rank, cfg, layout)
     tp_idx, dp_idx, stage = rank % tp, (rank // tp) % dp, rank // (tp * dp)
-    stride = tp * dp
-    hidden = int(cfg["hidden"])
-    blocks = [ParallelMLP(hidden, tp, groups["TP"]) for _ in range(int(cfg["layers"]))]
-    model = nn.Sequential(*blocks)
-    ctx = Ctx(
-        rank=rank, cfg=cfg, stage=stage, dp_idx=dp_idx, groups=groups,
-        prev_rank=rank - stride if stage > 0 else None,
-        next_rank=rank + stride if stage < pp - 1 else None,
-        model=model, optim=torch.optim.SGD(model.parameters(), lr=1e-3),
-    )
     steps = int(cfg["steps"])
     truths: list[StepTruth] = []
     dist.barrier()

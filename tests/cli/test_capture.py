@@ -1,0 +1,98 @@
+"""`ranklens capture`: a real torchrun job profiled with no code change, then `check` on it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ranklens.cli.main import app
+from typer.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "sample_traces" / "train.py"
+runner = CliRunner()
+
+
+def _ranklens(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("ranklens")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
+
+
+def test_command_without_ranks_is_an_error(tmp_path: Path) -> None:
+    res = runner.invoke(
+        app,
+        [
+            "capture",
+            "-o",
+            str(tmp_path / "run"),
+            "--",
+            sys.executable,
+            "-c",
+            "print('no training here')",
+        ],
+    )
+    assert res.exit_code == 1
+    assert "no rank wrote a trace" in res.output and "hint:" in res.output
+
+
+def test_failing_command_is_an_error(tmp_path: Path) -> None:
+    res = runner.invoke(
+        app,
+        ["capture", "-o", str(tmp_path / "run"), "--", sys.executable, "-c", "raise SystemExit(7)"],
+    )
+    assert res.exit_code == 1 and "exited with code 7" in res.output
+
+
+def test_no_command_is_a_usage_error() -> None:
+    assert runner.invoke(app, ["capture"]).exit_code == 2
+
+
+@pytest.mark.slow
+def test_capture_torchrun_then_check(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="capture needs torch (CI installs torch==2.13.0)")
+    run = tmp_path / "run"
+    res = _ranklens(
+        "capture",
+        "-o",
+        str(run),
+        "--steps",
+        "2",
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        str(TRAIN),
+        "--tp",
+        "1",
+        "--pp",
+        "4",
+        "--dp",
+        "1",
+        "--microbatches",
+        "2",
+        "--schedule",
+        "gpipe",
+        "--steps",
+        "5",
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["ranks"] == [0, 1, 2, 3]
+    assert manifest["files"] == [f"rank{r}.json.gz" for r in range(4)]
+    # Generous thresholds pass.
+    ok = _ranklens("check", str(run), "--max-exposed-comm", "0.99", "--max-idle", "0.99")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    # A 4-stage pipeline with only 2 micro-batches spends most of its step waiting on p2p:
+    # a tight limit fails with exit code 3, names the metric and a rank.
+    bad = _ranklens("check", str(run), "--max-exposed-comm", "0.05", "-f", "json")
+    assert bad.returncode == 3, bad.stdout + bad.stderr
+    doc = json.loads(bad.stdout)
+    failed = [c for c in doc["checks"] if c["status"] == "fail"]
+    assert failed and failed[0]["name"].startswith("max_exposed_comm")
+    assert failed[0]["worst"]["subject"].startswith("rank ")
