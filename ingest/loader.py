@@ -361,12 +361,18 @@ def _run_parallel(
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["ranklens.ingest.kineto"])
     with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-        preps: list[Future[kineto.Prepared]] = [
-            pool.submit(kineto.prepare, f, kineto.PIECE_BYTES) for f in files
-        ]
+        # Files are prepared (hashed, inflated to temp files) at most `n` ahead of the one being
+        # decoded, so temp disk and memory stay bounded however many ranks the run has.
+        preps: list[Future[kineto.Prepared]] = []
+
+        def prepare_upto(i: int) -> None:
+            while len(preps) < min(len(files), i + n + 1):
+                preps.append(pool.submit(kineto.prepare, files[len(preps)], kineto.PIECE_BYTES))
+
         try:
-            # Keep a bounded number of pieces in flight so memory stays bounded.
-            for tid, (f, fut) in enumerate(zip(files, preps, strict=True)):
+            for tid, f in enumerate(files):
+                prepare_upto(tid)
+                fut = preps[tid]
                 prep = None
                 try:
                     prep = fut.result()
