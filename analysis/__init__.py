@@ -7,10 +7,29 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from ranklens.analysis import breakdown, overlap
+from ranklens.analysis import breakdown, collectives, contention, overlap, pipeline, stragglers
 from ranklens.analysis._base import Finding, Result, Severity
 
-REGISTRY: tuple[ModuleType, ...] = (breakdown, overlap)
+REGISTRY: tuple[ModuleType, ...] = (
+    breakdown,
+    overlap,
+    stragglers,
+    collectives,
+    pipeline,
+    contention,
+)
 BY_NAME: dict[str, ModuleType] = {m.NAME: m for m in REGISTRY}
 
-__all__ = ["BY_NAME", "REGISTRY", "Finding", "Result", "Severity", "breakdown", "overlap"]
+__all__ = [
+    "BY_NAME",
+    "REGISTRY",
+    "Finding",
+    "Result",
+    "Severity",
+    "breakdown",
+    "collectives",
+    "contention",
+    "overlap",
+    "pipeline",
+    "stragglers",
+]

@@ -62,6 +62,13 @@ _QUERIES: dict[str, str] = {
         FROM overlap_by_parallelism p
         JOIN (SELECT rank, step, window_ns FROM overlap_by_step) w USING (rank, step)
         GROUP BY p.rank, p.parallelism""",
+    # Per stage: bubble / (bubble + work) summed over steps (a ratio of sums, as in the report).
+    "max_bubble": """SELECT 'stage ' || stage || ' (rank ' || rank || ')' AS subject,
+        sum(bubble_ns) / nullif(sum(bubble_ns) + sum(work_ns), 0) AS value
+        FROM pipeline_by_step WHERE work_ns IS NOT NULL GROUP BY rank, stage
+        HAVING value IS NOT NULL""",
+    "max_straggler_wait": """SELECT 'rank ' || rank AS subject, net_held_back_share AS value
+        FROM stragglers_by_rank WHERE net_held_back_share IS NOT NULL""",
     "max_align_residual_us": """SELECT 'rank ' || rank AS subject,
         align_residual_ns / 1000.0 AS value FROM ranks WHERE align_residual_ns IS NOT NULL""",
 }

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
+import polars as pl
 from ranklens.analysis._base import Finding, Result
 from ranklens.analysis._sql import query_pl
 
@@ -56,8 +57,57 @@ def build_report(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] | None =
     results: dict[str, Result] = {}
     for mod in mods:
         results[mod.NAME] = mod.run(con)
+    from ranklens.analysis.findings import derive
+
     findings = sorted(
-        (f for r in results.values() for f in r.findings),
+        [*(f for r in results.values() for f in r.findings), *derive(results)],
         key=lambda f: (-f.time_at_stake_ns, _SEVERITY_ORDER[f.severity.value], f.code),
     )
-    return Report(run_facts(con), results, tuple(findings))
+    facts = run_facts(con)
+    facts.update(cross_rank_facts(con, results))
+    return Report(facts, results, tuple(findings))
+
+
+def cross_rank_facts(con: duckdb.DuckDBPyConnection, results: dict[str, Result]) -> dict[str, Any]:
+    """How far cross-rank numbers can be trusted (alignment, matching), and who straggles."""
+    from ranklens.analysis import stragglers
+
+    p = stragglers.Params()
+    ranks = query_pl(
+        con, "SELECT rank, host, clock_method, align_residual_ns FROM ranks ORDER BY rank"
+    )
+    cross = ranks.filter(pl.col("clock_method") != "single_host")
+    poor = cross.filter(pl.col("align_residual_ns") > p.align_warn_ns)
+    res = ranks["align_residual_ns"].drop_nulls()
+    status = query_pl(con, "SELECT status, count(*) AS n FROM collectives GROUP BY ALL")
+    counts = dict(zip(status["status"].to_list(), status["n"].to_list(), strict=True))
+    judged = sum(n for k, n in counts.items() if k not in ("others_absent", "no_group"))
+    out: dict[str, Any] = {
+        "alignment": {
+            "methods": sorted(set(ranks["clock_method"].drop_nulls().to_list())),
+            "hosts": ranks["host"].n_unique(),
+            "max_residual_ns": int(res.max()) if res.len() else None,  # type: ignore[arg-type]
+            "poor": bool(poor.height),
+            "poor_ranks": poor["rank"].to_list(),
+            "threshold_ns": p.align_warn_ns,
+        },
+        "matching": {
+            "comm_ops": sum(counts.values()),
+            "matched": counts.get("matched", 0),
+            "matched_share": counts.get("matched", 0) / judged if judged else None,
+            "by_status": counts,
+        },
+        "stragglers": [],
+    }
+    res_s = results.get("stragglers")
+    if res_s is not None:
+        flagged = [f for f in res_s.findings if f.code == "STRAGGLER_RANK"]
+        out["stragglers"] = [
+            {
+                "rank": f.ranks[0],
+                "held_back_per_step_ns": f.time_at_stake_ns,
+                "share": f.value,
+            }
+            for f in flagged
+        ]
+    return out

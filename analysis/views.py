@@ -12,7 +12,16 @@ import re
 import duckdb
 from ranklens.analysis._sql import sql_text
 
-VIEW_FILES: tuple[str, ...] = ("intervals", "activity", "breakdown", "overlap")
+VIEW_FILES: tuple[str, ...] = (
+    "intervals",
+    "activity",
+    "breakdown",
+    "overlap",
+    "stragglers",
+    "collectives",
+    "pipeline",
+    "contention",
+)
 
 
 def apply_all_views(con: duckdb.DuckDBPyConnection) -> None:

@@ -21,6 +21,7 @@ from ranklens.analysis.sql_console import SqlError, run_sql
 from ranklens.analysis.views import install_views
 from ranklens.cli import capture_run, check_render, render
 from ranklens.ingest import RanklensError, load_traces
+from ranklens.ingest.config import RunOptions, pyproject_section, resolve_options
 from ranklens.ingest.database import open_run
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
@@ -47,6 +48,29 @@ FormatOpt = Annotated[
 SkipBadOpt = Annotated[
     bool, typer.Option("--skip-bad", help="Skip unreadable files (listed in the report).")
 ]
+AllowMixedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-mixed", help="Ingest Kineto and Nsight files together (refused by default)."
+    ),
+]
+NoAlignOpt = Annotated[
+    bool, typer.Option("--no-align", help="Keep raw clocks (no cross-host offset estimate).")
+]
+OffsetsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--offsets", help='JSON of clock offsets in ns per rank or host: {"0": 0, "4": -1200}.'
+    ),
+]
+LayoutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--layout",
+        help="Parallel layout to label groups from their ranks: tp=2,pp=2,dp=2"
+        "[,order=tp-cp-ep-dp-pp] (fastest first). Default: [tool.ranklens] layout.",
+    ),
+]
 
 
 def _progress() -> Progress:
@@ -59,6 +83,16 @@ def _progress() -> Progress:
         transient=True,
         disable=not err.is_terminal,
     )
+
+
+def _options(no_align: bool, offsets: Path | None, layout: str | None) -> RunOptions:
+    """Cross-rank options: flags, else [tool.ranklens] of ./pyproject.toml, else defaults."""
+    try:
+        return resolve_options(
+            no_align=no_align, offsets_file=offsets, layout=layout, section=pyproject_section()
+        )
+    except RanklensError as exc:
+        raise _fail(exc) from None
 
 
 def _fail(exc: RanklensError) -> typer.Exit:
@@ -87,8 +121,13 @@ def ingest(
     output: Annotated[Path, typer.Option("--output", "-o", help="DuckDB file to write.")],
     skip_bad: SkipBadOpt = False,
     workers: Annotated[int | None, typer.Option(help="Worker processes (default: CPUs).")] = None,
+    allow_mixed: AllowMixedOpt = False,
+    no_align: NoAlignOpt = False,
+    offsets: OffsetsOpt = None,
+    layout: LayoutOpt = None,
 ) -> None:
     """Load one trace per rank (Kineto JSON/.json.gz, Nsight SQLite) into a DuckDB file."""
+    opts = _options(no_align, offsets, layout)
     try:
         with _progress() as prog:
             task = prog.add_task("ingesting", total=None)
@@ -98,6 +137,8 @@ def ingest(
                 on_error="skip" if skip_bad else "raise",
                 workers=workers,
                 progress=lambda done, total: prog.update(task, completed=done, total=total),
+                options=opts,
+                allow_mixed=allow_mixed,
             )
         install_views(output)
     except RanklensError as exc:
@@ -109,7 +150,13 @@ def ingest(
         err.print(f"[yellow]warning:[/] {w}", highlight=False)
 
 
-def _report(source: list[str], fmt: str, skip_bad: bool) -> None:
+def _report(
+    source: list[str],
+    fmt: str,
+    skip_bad: bool,
+    opts: RunOptions | None = None,
+    allow_mixed: bool = False,
+) -> None:
     if fmt not in render.FORMATS:
         raise typer.BadParameter(f"unknown format {fmt!r}; use one of {render.FORMATS}")
     try:
@@ -119,6 +166,8 @@ def _report(source: list[str], fmt: str, skip_bad: bool) -> None:
                 source,
                 on_error="skip" if skip_bad else "raise",
                 progress=lambda d, t: prog.update(task, completed=d, total=t),
+                options=opts,
+                allow_mixed=allow_mixed,
             ) as (con, _):
                 rep = build_report(con)
     except RanklensError as exc:
@@ -138,9 +187,14 @@ def report(
     source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
     fmt: FormatOpt = "table",
     skip_bad: SkipBadOpt = False,
+    allow_mixed: AllowMixedOpt = False,
+    no_align: NoAlignOpt = False,
+    offsets: OffsetsOpt = None,
+    layout: LayoutOpt = None,
 ) -> None:
-    """Findings ranked by time at stake, then per-rank breakdown, overlap and parallelism."""
-    _report(source, fmt, skip_bad)
+    """Findings ranked by time at stake, then per-rank breakdown, overlap and parallelism,
+    alignment quality and stragglers. Alignment/layout options apply to trace inputs."""
+    _report(source, fmt, skip_bad, _options(no_align, offsets, layout), allow_mixed)
 
 
 @app.command()
@@ -149,12 +203,16 @@ def analyze(
     source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
     fmt: FormatOpt = "table",
     table: Annotated[str | None, typer.Option(help="Secondary table (e.g. by_group).")] = None,
+    no_align: NoAlignOpt = False,
+    offsets: OffsetsOpt = None,
+    layout: LayoutOpt = None,
 ) -> None:
     """Run one analysis and print its table (or a secondary table) and findings."""
     if name not in BY_NAME:
         raise typer.BadParameter(f"unknown analysis {name!r}; choose from {', '.join(BY_NAME)}")
+    opts = _options(no_align, offsets, layout)
     try:
-        with open_run(source) as (con, _):
+        with open_run(source, options=opts) as (con, _):
             res = BY_NAME[name].run(con)
     except RanklensError as exc:
         raise _fail(exc) from None
@@ -209,6 +267,7 @@ def demo(
     scenario: Annotated[
         str, typer.Option(help="Bundled scenario to analyze.")
     ] = "megatron_tp2_pp2_dp2",
+    layout: LayoutOpt = None,
 ) -> None:
     """Ingest the bundled sample traces (a real 8-rank torch.distributed run) and report."""
     base = resources.files("ranklens.sample_traces")
@@ -219,7 +278,7 @@ def demo(
             RanklensError(f"no bundled scenario {scenario!r}", f"choose one of: {', '.join(names)}")
         )
     err.print(f"demo: {scenario} ({len(list(raw.iterdir()))} rank files in {raw})")
-    _report([str(raw)], fmt, False)
+    _report([str(raw)], fmt, False, _options(False, None, layout))
 
 
 _THRESHOLD_HELP = "Fraction (0.25) or percentage (25%)."
@@ -341,6 +400,31 @@ def capture(
         raise _fail(exc) from None
     out.print(f"captured {len(result['ranks'])} rank(s) into {out_dir}: ranks {result['ranks']}")
     out.print(f"next: ranklens report {out_dir}   |   ranklens check {out_dir} --max-bubble 0.25")
+
+
+@app.command()
+def dashboard(
+    source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
+    port: Annotated[int, typer.Option(help="Port to serve on.")] = 8050,
+    host: Annotated[
+        str, typer.Option(help="Interface to bind; 127.0.0.1 keeps it to this machine.")
+    ] = "127.0.0.1",
+    skip_bad: SkipBadOpt = False,
+) -> None:
+    """Serve the dashboard: overview, aligned timeline, pipeline, communication, contention and
+    stragglers, findings, read-only SQL. Trace inputs are ingested into a temporary database."""
+    from ranklens.dashboards.server import serve  # dash loads only for this command
+
+    try:
+        serve(
+            source,
+            host=host,
+            port=port,
+            on_error="skip" if skip_bad else "raise",
+            log=lambda msg: err.print(msg, highlight=False),
+        )
+    except RanklensError as exc:
+        raise _fail(exc) from None
 
 
 def main() -> None:

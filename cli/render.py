@@ -47,6 +47,81 @@ def rank_summary(report: Report) -> pl.DataFrame:
     return joined
 
 
+# Per pipeline stage: (column of the stages table, label, format).
+_STAGE_VIEW: list[tuple[str, str, str]] = [
+    ("pp_group", "PP group", "str"),
+    ("stage", "stage", "int"),
+    ("rank", "rank", "int"),
+    ("bubble_ns", "bubble ms", "ms_per_step"),
+    ("bubble_fraction", "bubble", "pct"),
+    ("closed_form", "closed form", "pct"),
+    ("warmup_bubble_ns", "warm-up ms", "ms_per_step"),
+    ("steady_bubble_ns", "steady ms", "ms_per_step"),
+    ("cooldown_bubble_ns", "cool-down ms", "ms_per_step"),
+    ("pp_wait_ns", "in PP wait ms", "ms_per_step"),
+]
+
+
+def pipeline_lines(report: Report) -> tuple[list[str], list[list[str]]]:
+    """The pipeline section: schedule/convention lines and one row per stage (or nothing)."""
+    res = report.results.get("pipeline")
+    if res is None or res.tables.get("stages") is None or res.tables["stages"].is_empty():
+        return [], []
+    sched = res.tables["schedule"]
+    notes = []
+    for (group,), part in sched.group_by("pp_group", maintain_order=True):
+        r = part.row(0, named=True)
+        meas = part["bubble_fraction"].drop_nulls()
+        shown = "-" if meas.is_empty() else _fmt(meas.mean(), "pct")
+        notes.append(
+            f"PP group {group}: {r['schedule'] or '?'}, p={r['p']}, m={r['m'] or '?'}"
+            + (f", v={r['v']}" if (r["v"] or 1) > 1 else "")
+            + f" ({r['schedule_source'] or 'unknown'}); bubble {shown} of the pipeline time vs "
+            f"closed form {_fmt(r['closed_form'], 'pct')} [{r['convention'] or '-'}]"
+        )
+    rows = [
+        [_fmt(row.get(c), how, int(row["steps"])) for c, _, how in _STAGE_VIEW]
+        for row in res.tables["stages"].sort("pp_group", "stage").iter_rows(named=True)
+    ]
+    return notes, rows
+
+
+def cross_rank_lines(facts: dict[str, Any], markup: bool = True) -> list[str]:
+    """Alignment quality, matching rate and the straggler line (presentation of facts)."""
+    y, b, e = ("[yellow]", "[bold]", "[/]") if markup else ("", "", "")
+    out: list[str] = []
+    al = facts.get("alignment")
+    if al:
+        res = al["max_residual_ns"]
+        shown = "-" if res is None else f"{res / 1e3:.1f} µs"
+        how = ", ".join(al["methods"])
+        if al["poor"]:
+            out.append(
+                f"{y}clock alignment poor:{e} residual up to {shown} on ranks "
+                f"{al['poor_ranks']} ({how}); cross-host skews and waits below that are not "
+                "trustworthy"
+            )
+        else:
+            note = " (one host: end spread, not clock error)" if how == "single_host" else ""
+            out.append(f"clock alignment: {how}, residual up to {shown}{note}")
+    m = facts.get("matching")
+    if m and m["comm_ops"]:
+        share = m["matched_share"]
+        pct = "-" if share is None else f"{100 * share:.1f}%"
+        out.append(f"collectives: {m['matched']:,} of {m['comm_ops']:,} comm ops matched ({pct})")
+    st = facts.get("stragglers")
+    if st:
+        parts = [
+            f"rank {s['rank']} by {s['held_back_per_step_ns'] / 1e6:.1f} ms/step "
+            f"({100 * (s['share'] or 0):.0f}%)"
+            for s in st
+        ]
+        out.append(f"{b}stragglers:{e} holding the job back: " + "; ".join(parts))
+    elif st is not None:
+        out.append("stragglers: none (no rank holds the others back beyond the threshold)")
+    return out
+
+
 def render_table(report: Report, console: Console) -> None:
     """The rich text report: findings first, then per-rank and per-parallelism tables."""
     f = report.facts
@@ -54,7 +129,11 @@ def render_table(report: Report, console: Console) -> None:
         f"[bold]ranklens report[/]  ranks: {len(f['ranks'])}"
         + (f" of {f['world_size']}" if f["world_size"] else "")
         + f"   steps: {', '.join(str(s) for s in f['steps'])}"
-        + (f"   devices: {', '.join(f['devices'])}" if f["devices"] else "   CPU-only")
+        + (
+            f"   devices: {', '.join(f['devices'])}"
+            if f["devices"]
+            else ("   CPU-only" if f["cpu_only"] else "   GPU model not recorded")
+        )
     )
     if f["missing_ranks"]:
         console.print(f"[yellow]missing ranks:[/] {f['missing_ranks']} (no trace was given)")
@@ -65,6 +144,8 @@ def render_table(report: Report, console: Console) -> None:
             "[dim]CPU-only (gloo) run: host ops count as compute; treat durations as "
             "qualitative when many ranks share few cores.[/]"
         )
+    for line in cross_rank_lines(f):
+        console.print(line, highlight=False)
     console.print()
     console.print("[bold]Findings[/] (most step time at stake first)")
     colors = {"critical": "red", "warning": "yellow", "info": "cyan"}
@@ -110,6 +191,16 @@ def render_table(report: Report, console: Console) -> None:
                 _fmt(ratio, "pct"),
             )
         console.print(pt)
+    notes, stage_rows = pipeline_lines(report)
+    if stage_rows:
+        st = Table(title="Pipeline bubbles per stage (ms per step)", title_justify="left")
+        for _, label, _ in _STAGE_VIEW:
+            st.add_column(label, justify="right")
+        for cells in stage_rows:
+            st.add_row(*cells)
+        console.print(st)
+        for note in notes:
+            console.print(f"  {note}", highlight=False, markup=False)
 
 
 def report_json(report: Report) -> str:
@@ -144,6 +235,7 @@ def report_markdown(report: Report) -> str:
     lines = ["# ranklens report", ""]
     f = report.facts
     lines.append(f"ranks: {len(f['ranks'])}, steps: {f['steps']}, devices: {f['devices'] or 'CPU'}")
+    lines += [f"- {line}" for line in cross_rank_lines(f, markup=False)]
     lines += [
         "",
         "## Findings",
@@ -166,6 +258,13 @@ def report_markdown(report: Report) -> str:
     for row in rank_summary(report).iter_rows(named=True):
         cells = [_fmt(row.get(c), how, int(row["steps"])) for c, _, how in _RANK_VIEW]
         lines.append("| " + " | ".join(cells) + " |")
+    notes, stage_rows = pipeline_lines(report)
+    if stage_rows:
+        lines += ["", "## Pipeline bubbles per stage (ms per step)", ""]
+        lines += [f"- {n}" for n in notes] + [""]
+        lines.append("| " + " | ".join(lbl for _, lbl, _ in _STAGE_VIEW) + " |")
+        lines.append("|" + "---|" * len(_STAGE_VIEW))
+        lines += ["| " + " | ".join(cells) + " |" for cells in stage_rows]
     return "\n".join(lines) + "\n"
 
 
@@ -175,7 +274,14 @@ def frame_out(df: pl.DataFrame, fmt: str, console: Console, title: str | None = 
         console.print_json(json.dumps(df.to_dicts(), default=str))
     elif fmt == "csv":
         buf = io.StringIO()
-        df.write_csv(buf)
+        # CSV has no nested values: lists/structs (e.g. process_groups.ranks) become JSON text.
+        nested = [c for c, t in df.schema.items() if t.is_nested()]
+        df.with_columns(
+            pl.col(c).map_elements(lambda v: json.dumps(v.to_list() if hasattr(v, "to_list")
+                                                        else v, default=str),
+                                   return_dtype=pl.Utf8)
+            for c in nested
+        ).write_csv(buf)
         console.out(buf.getvalue(), end="")
     elif fmt == "markdown":
         console.out("| " + " | ".join(df.columns) + " |", highlight=False)

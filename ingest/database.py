@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
+from ranklens.ingest.config import ConfigError, RunOptions
 from ranklens.ingest.errors import DatabaseError
 from ranklens.ingest.loader import IngestReport, Progress, load_traces
 from ranklens.ingest.schema import SCHEMA_VERSION
@@ -65,10 +66,25 @@ def open_run(
     *,
     on_error: str = "raise",
     progress: Progress | None = None,
+    options: RunOptions | None = None,
+    allow_mixed: bool = False,
 ) -> Iterator[tuple[duckdb.DuckDBPyConnection, IngestReport | None]]:
-    """Yield a read-only connection to a run given as a database or as trace inputs."""
+    """Yield a read-only connection to a run given as a database or as trace inputs.
+
+    `options` (alignment, offsets, layout) apply when traces are ingested; a database keeps
+    the ones it was ingested with, so giving them as flags with a database is an error.
+    """
     inputs = source if isinstance(source, list) else [str(source)]
     if len(inputs) == 1 and is_database(inputs[0]):
+        flags = {"align": "--no-align", "offsets": "--offsets", "layout": "--layout"}
+        sources = options.sources if options else {}
+        given = [flags.get(k, k) for k, v in sources.items() if v == "flag"]
+        if given:
+            raise ConfigError(
+                f"{inputs[0]} is a database; {', '.join(given)} apply when traces are ingested",
+                "re-ingest: ranklens ingest RUN_DIR -o run.duckdb with those options, or give "
+                "the trace directory instead of the database",
+            )
         con = connect(inputs[0])
         try:
             yield con, None
@@ -78,7 +94,14 @@ def open_run(
     tmp = tempfile.mkdtemp(prefix="ranklens-run-")
     try:
         db = os.path.join(tmp, "run.duckdb")
-        report = load_traces(inputs, db, on_error=on_error, progress=progress)
+        report = load_traces(
+            inputs,
+            db,
+            on_error=on_error,
+            progress=progress,
+            options=options,
+            allow_mixed=allow_mixed,
+        )
         con = connect(db)
         try:
             yield con, report

@@ -37,6 +37,7 @@ class _Args(msgspec.Struct, gc=False):
     grid: list[int] | None = None
     block: list[int] | None = None
     dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))
+    itypes: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
     concrete: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=msgspec.Raw(b""))
     name: str | None = None  # metadata events (process_name / thread_name)
 
@@ -181,7 +182,14 @@ def columns(
         "pg_name": pa.array([a.pg_name for a in args], pa.string()),
         "in_nelems": _checked_int64(path, "In msg nelems", [a.in_nelems for a in args]),
         "out_nelems": _checked_int64(path, "Out msg nelems", [a.out_nelems for a in args]),
-        "dtype": pa.array([a.dtype for a in args], pa.string()),
+        # gloo/c10d ops name no dtype; their first tensor input's type stands in (sizes -> bytes)
+        "dtype": pa.array(
+            [
+                a.dtype if a.dtype is not None or op is None else _first_type(a.itypes)
+                for a, op in zip(args, ops, strict=True)
+            ],
+            pa.string(),
+        ),
         "group_size": pa.array([a.group_size for a in args], pa.int32()),
         "seq": _checked_int64(path, "Seq", [a.seq for a in args]),
         "peer": pa.nulls(n, pa.int32()),
@@ -225,6 +233,22 @@ def _ranks_text(v: str | list[int] | None) -> str | None:
     if v is None or isinstance(v, str):
         return v
     return "[" + ", ".join(str(x) for x in v) + "]"
+
+
+_NOT_DTYPES = frozenset({"TensorList", "Scalar", "ScalarList", "GenericList", "None"})
+
+
+def _first_type(raw: msgspec.Raw) -> str | None:
+    """First non-empty entry of an `Input type` list, e.g. 'float'."""
+    if not len(raw):
+        return None
+    try:
+        types = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    if isinstance(types, list):
+        return next((t for t in types if isinstance(t, str) and t and t not in _NOT_DTYPES), None)
+    return None
 
 
 def _launch(a: _Args) -> str | None:

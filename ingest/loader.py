@@ -23,7 +23,10 @@ import duckdb
 import pyarrow as pa
 from ranklens.ingest import kineto
 from ranklens.ingest._model import RankPart
+from ranklens.ingest.config import RunOptions
+from ranklens.ingest.crossrank import finish_cross_rank
 from ranklens.ingest.errors import NoTracesError, RankError, RanklensError
+from ranklens.ingest.nsys_inputs import split_formats
 from ranklens.ingest.post import finish_database
 from ranklens.ingest.schema import SCHEMA_VERSION, TABLE_BY_NAME, ddl
 
@@ -90,6 +93,8 @@ def load_traces(
     on_error: str = "raise",
     workers: int | None = None,
     progress: Progress | None = None,
+    options: RunOptions | None = None,
+    allow_mixed: bool = False,
 ) -> IngestReport:
     """Ingest trace files into a new DuckDB database at `db_path` (replaced atomically).
 
@@ -99,25 +104,27 @@ def load_traces(
         on_error: "raise" stops at the first bad file; "skip" records it and goes on.
         workers: worker processes (default: CPU count, at most 8; 1 = in-process).
         progress: called with (bytes done, bytes total) as files complete.
+        options: cross-rank options (clock alignment, user offsets, parallel layout).
+        allow_mixed: ingest Kineto traces and Nsight reports together (refused by default).
 
     Raises:
         RanklensError: bad input (with on_error="raise"), or nothing left to ingest.
     """
     if on_error not in ("raise", "skip"):
         raise ValueError("on_error must be 'raise' or 'skip'")
-    files = find_traces(inputs)
+    files, notes = split_formats(find_traces(inputs), allow_mixed=allow_mixed)
     out = Path(db_path)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     for p in (tmp, Path(str(tmp) + ".wal")):
         p.unlink(missing_ok=True)
-    report = IngestReport(db_path=str(out))
+    report = IngestReport(db_path=str(out), warnings=notes)
     try:
         con = duckdb.connect(str(tmp))
         con.execute("SET enable_progress_bar = false")
         # Bound the writer's memory; DuckDB spills to a temp dir beside the output instead.
         con.execute(f"SET memory_limit = '{_memory_limit_mb(files)}MB'")
         try:
-            _ingest(con, files, report, on_error, workers, progress)
+            _ingest(con, files, report, on_error, workers, progress, options)
             con.execute("CHECKPOINT")
         finally:
             con.close()
@@ -137,6 +144,7 @@ def _ingest(
     on_error: str,
     workers: int | None,
     progress: Progress | None,
+    options: RunOptions | None = None,
 ) -> None:
     con.execute(ddl())
     now = datetime.now(timezone.utc).isoformat()
@@ -177,6 +185,7 @@ def _ingest(
         from ranklens.ingest.communicators import infer_communicators
 
         infer_communicators(con)
+    finish_cross_rank(con, options)  # gloo groups, matching, clock alignment, attribution
     report.ranks = sorted(sink.rank_of.values())
     report.n_events = int(con.execute("SELECT count(*) FROM events").fetchall()[0][0])
 
@@ -304,7 +313,7 @@ class _Sink:
 def _with_rank(t: pa.Table, rank: int, trace_id: int) -> pa.Table:
     n = t.num_rows
     for name, val in (("rank", rank), ("trace_id", trace_id)):
-        col = pa.array([val] * n, pa.int32())
+        col = pa.repeat(pa.scalar(val, pa.int32()), n)
         t = (
             t.set_column(t.column_names.index(name), name, col)
             if name in t.column_names

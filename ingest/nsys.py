@@ -180,7 +180,7 @@ def _split(
             f"{nv.open_ranges} NVTX ranges have no end (cut by the capture window) "
             "and were left out"
         )
-    parts = []
+    parts: list[RankPart] = []
     for pid in pids:
         mine = [
             t.filter(pc.equal(t.column("_pid"), pid))
@@ -189,7 +189,8 @@ def _split(
             for t in tables
         ]
         events = [t.drop_columns(["_pid"]) for t in mine if t.num_rows]
-        part = RankPart(rank=ranks[pid], events=events, warnings=[*common, *notes.get(pid, [])])
+        said = common if not parts else []  # report-level notes once, not once per rank
+        part = RankPart(rank=ranks[pid], events=events, warnings=[*said, *notes.get(pid, [])])
         part.info = _info(pid, events, meta, procs.get(pid), pid in gpu, len(pids))
         part.threads = [(pid, -1, meta.process_names[pid])] if pid in meta.process_names else []
         part.threads += [(p, t, n) for (p, t), n in sorted(meta.thread_names.items()) if p == pid]
@@ -264,7 +265,7 @@ def _info(
         if (
             backend is None
             and comm.num_rows
-            and pc.any(pc.starts_with(comm.column("name"), "nccl")).as_py()
+            and pc.any(pc.starts_with(comm.column("name").cast(pa.string()), "nccl")).as_py()
         ):
             backend = "nccl"
     dev = max(devices, key=lambda d: devices[d]) if devices else None

@@ -8,6 +8,7 @@ so the caller can split one report into one rank per process.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 
@@ -16,6 +17,7 @@ import pyarrow.compute as pc
 from ranklens.ingest.classify import SYNC_RE, is_comm_kernel, kernel_op
 from ranklens.ingest.nsys_sqlite import Report
 from ranklens.ingest.nsys_tables import (
+    U24,
     Names,
     Strings,
     build,
@@ -71,6 +73,12 @@ _BLOCK = (
     "CASE WHEN blockX BETWEEN 0 AND 2097151 AND blockY BETWEEN 0 AND 2097151 AND blockZ "
     "BETWEEN 0 AND 2097151 THEN blockX | (blockY << 21) | (blockZ << 42) ELSE -1 END"
 )
+# Every value crossing from SQLite to Arrow costs about as much as the SQL that makes it, so
+# the OS pid (24 bits of globalPid; all ones = NULL, which no Linux pid reaches) and deviceId
+# travel as one integer: exact for any deviceId in +-2**39, i.e. any CUDA ordinal.
+_PID_DEVICE = "ifnull(({gpid} >> 24) & 16777215, 16777215) | (deviceId << 24)"
+# Likewise streamId (CUPTI: uint32) and the name's StringIds id (exact for |id| < 2**31).
+_STREAM_NAME = "(streamId & 4294967295) | ({name} << 32)"
 _KTYPES = {
     "name": pa.string(),
     "kind": pa.string(),
@@ -93,21 +101,22 @@ def _api_label(raw: str) -> tuple[object, ...]:
     return name, "sync" if SYNC_RE.match(name) else "runtime", "Launch" in name
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _launch_text(gv: int, bv: int) -> str | None:
+    """Formatted once per distinct shape (chunks of one report repeat the same few shapes)."""
+    if gv < 0 or bv < 0:
+        return None
+    return (
+        f"grid=[{gv & 0x7FFFFFFF}, {(gv >> 31) & 0xFFFF}, {gv >> 47}] "
+        f"block=[{bv & 0x1FFFFF}, {(bv >> 21) & 0x1FFFFF}, {bv >> 42}]"
+    )
+
+
 def launch_strings(grid: pa.Array, block: pa.Array) -> pa.Array:
     """'grid=[x, y, z] block=[x, y, z]' (Kineto's format) from the packed dims."""
     key, grids, blocks = pair_key(grid, block)
     g, b, nb = grids.to_pylist(), blocks.to_pylist(), max(len(blocks), 1)
-
-    def text(k: int) -> str | None:
-        gv, bv = g[k // nb], b[k % nb]
-        if gv < 0 or bv < 0:
-            return None
-        return (
-            f"grid=[{gv & 0x7FFFFFFF}, {(gv >> 31) & 0xFFFF}, {gv >> 47}] "
-            f"block=[{bv & 0x1FFFFF}, {(bv >> 21) & 0x1FFFFF}, {bv >> 42}]"
-        )
-
-    return labels(key, text)
+    return labels(key, lambda k: _launch_text(g[k // nb], b[k % nb]))
 
 
 class CommInfo:
@@ -142,17 +151,18 @@ def read_kernels(rep: Report, strings: Strings, shift: int, comm: CommInfo) -> I
         "start",
         '"end"',
         rep.col(t, "correlationId"),
-        rep.col(t, "globalPid", "0"),
-        "deviceId",
-        "streamId",
-        name,
+        _PID_DEVICE.format(gpid=rep.col(t, "globalPid", "0")),
+        _STREAM_NAME.format(name=name),
         _GRID,
         _BLOCK,
     ]
     names = Names(strings, _kernel_label, _KTYPES)
-    for start, end, corr, gpid, dev, stream, nid, grid, block in rep.int_chunks(t, exprs):
-        n = names.lookup(nid)
-        pid = pid_of(gpid)
+    for start, end, corr, pid_dev, stream_name, grid, block in rep.int_chunks(t, exprs):
+        n = names.lookup(pc.shift_right(stream_name, 32))
+        stream = pc.bit_wise_and(stream_name, 0xFFFFFFFF)
+        pid = pc.bit_wise_and(pid_dev, U24)
+        pid = pc.if_else(pc.equal(pid, U24), pa.scalar(None, pa.int64()), pid)
+        dev = pc.shift_right(pid_dev, 24)
         ci = comm.columns(pid, corr, pc.equal(n["kind"], "comm"))
         size = ci.get("bytes")
         yield build(
@@ -168,7 +178,7 @@ def read_kernels(rep: Report, strings: Strings, shift: int, comm: CommInfo) -> I
                 "ts_ns": pc.add(start, shift),
                 "dur_ns": duration(start, end),
                 "correlation": corr,
-                "coll_op": pc.coalesce(ci["op"], n["op"]) if ci else n["op"],
+                "coll_op": pc.coalesce(ci["op"], n["op"].cast(pa.string())) if ci else n["op"],
                 "pg_name": ci.get("pg_name"),
                 "group_size": ci.get("group_size"),
                 "bytes": size,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 KINDS: tuple[str, ...] = (
     "compute",  # GPU compute kernel, or a CPU op doing the work in a CPU-only (gloo) trace
@@ -91,8 +91,16 @@ TABLES: tuple[Table, ...] = (
             Column("num_sms", "INTEGER", "Streaming multiprocessors of the GPU."),
             Column("has_gpu", "BOOLEAN", "Whether the trace holds device (GPU) activity."),
             Column("clock_offset_ns", "BIGINT", "Added to raw timestamps to reach the job clock."),
-            Column("clock_method", "VARCHAR", "How the offset was obtained (none, user, ...)."),
-            Column("align_residual_ns", "BIGINT", "Alignment residual of this rank (NULL: none)."),
+            Column(
+                "clock_method",
+                "VARCHAR",
+                "How the offset was obtained: none, single_host, collectives, user, unconnected.",
+            ),
+            Column(
+                "align_residual_ns",
+                "BIGINT",
+                "p90 over its collectives of abs(aligned end - consensus end) (NULL: none).",
+            ),
         ),
     ),
     Table(
@@ -142,6 +150,39 @@ TABLES: tuple[Table, ...] = (
         ),
     ),
     Table(
+        "collectives",
+        "One row per communication op per rank, matched across ranks into collective instances.",
+        (
+            Column("rank", "INTEGER", "Global rank."),
+            Column("pg_name", "VARCHAR", "Process group (NULL: none could be inferred)."),
+            Column("op", "VARCHAR", "Collective op (all_reduce, all_gather, send, recv, ...)."),
+            Column("seq", "BIGINT", "Order within the group (p2p: within sender->receiver)."),
+            Column("instance_id", "BIGINT", "Logical collective, shared by all its ranks."),
+            Column(
+                "status",
+                "VARCHAR",
+                "matched, incomplete (a member never joined), op_mismatch, size_mismatch, "
+                "duplicate, others_absent (no other member's trace in the run) or no_group.",
+            ),
+            Column("peer", "INTEGER", "Peer global rank of a send/recv."),
+            Column("group_size", "INTEGER", "n: ranks in the group (2 for send/recv)."),
+            Column("nelems", "BIGINT", "Elements of the full array (all-gather output, ...)."),
+            Column("dtype", "VARCHAR", "Element type as the trace names it."),
+            Column("bytes", "BIGINT", "Bytes of the full array (NULL when the type is unknown)."),
+            Column("device", "INTEGER", "GPU of the kernel; -1 for host (gloo) spans."),
+            Column("stream", "BIGINT", "CUDA stream, or the thread for host spans."),
+            Column("name", "VARCHAR", "Name of the communication event."),
+            Column("step", "INTEGER", "Step of the event."),
+            Column("ts_ns", "BIGINT", "Start of the event, raw clock of the rank."),
+            Column("end_ns", "BIGINT", "End of the event, raw clock of the rank."),
+            Column(
+                "arrive_ns",
+                "BIGINT",
+                "When the rank joined, raw clock (the start; for a gloo isend, its issue op).",
+            ),
+        ),
+    ),
+    Table(
         "steps",
         "Training steps per rank: the host window and the device window it produced.",
         (
@@ -173,6 +214,11 @@ CREATE OR REPLACE VIEW events_aligned AS
 SELECT e.*, e.ts_ns + COALESCE(r.clock_offset_ns, 0) AS ats_ns,
        e.ts_ns + COALESCE(r.clock_offset_ns, 0) + e.dur_ns AS aend_ns
 FROM events e LEFT JOIN ranks r USING (rank);
+CREATE OR REPLACE VIEW collectives_aligned AS
+SELECT c.*, c.ts_ns + COALESCE(r.clock_offset_ns, 0) AS ats_ns,
+       c.end_ns + COALESCE(r.clock_offset_ns, 0) AS aend_ns,
+       c.arrive_ns + COALESCE(r.clock_offset_ns, 0) AS aarrive_ns
+FROM collectives c LEFT JOIN ranks r USING (rank);
 """
 
 
@@ -193,5 +239,9 @@ def markdown() -> str:
     out.append(
         "#### `events_aligned` (view)\n`events` plus `ats_ns`/`aend_ns`: start and end on the "
         "job clock (raw + `ranks.clock_offset_ns`).\n"
+    )
+    out.append(
+        "#### `collectives_aligned` (view)\n`collectives` plus `ats_ns`/`aend_ns`/`aarrive_ns` on "
+        "the job clock.\n"
     )
     return "\n".join(out)

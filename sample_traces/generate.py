@@ -242,6 +242,13 @@ SCENARIOS: dict[str, tuple[str, str]] = {
         "4 pipeline stages, 1F1B, 8 micro-batches: smaller bubble "
         "(closed form (p-1)/(m+p-1) = 0.27).",
     ),
+    "pp4_slow_stage2": (
+        "--tp 1 --pp 4 --dp 1 --microbatches 4 --schedule 1f1b --steps 3 --hidden 512 "
+        "--slow-rank 2 --slow-ms 15",
+        "4 pipeline stages, 1F1B, 4 micro-batches; stage 2 (rank 2) burns 15 ms of extra "
+        "matmul per micro-batch forward: the slow stage the pipeline analysis must name "
+        "(closed form (p-1)/(m+p-1) = 0.43 before the imbalance).",
+    ),
     "unnamed_tp2_pp2_dp2": (
         "--tp 2 --pp 2 --dp 2 --microbatches 4 --schedule 1f1b --steps 2 --hidden 256 "
         "--unnamed-groups",

@@ -17,10 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def main(argv: list[str] | None = None) -> int:
     """Run `--steps` training steps on this rank (RANK/WORLD_SIZE/MASTER_* from the launcher)."""
-    import _model  # type: ignore[import-not-found]
+    import _model  # type: ignore[import-not-found,unused-ignore]
     import torch
     import torch.distributed as dist
-    from generate import group_layout, parse_args  # type: ignore[import-not-found]
+    from generate import group_layout, parse_args  # type: ignore[import-not-found,unused-ignore]
 
     args = parse_args(argv)
     cfg = {

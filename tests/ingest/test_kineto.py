@@ -230,7 +230,7 @@ def test_process_groups_merged_across_ranks(ingest: Ingest) -> None:
         ("1", "TENSOR_MODEL_PARALLEL_GROUP", [0, 1], 2, "nccl", "TP", "pg_config"),
         ("2", "TENSOR_MODEL_PARALLEL_GROUP", [2, 3], 2, "nccl", "TP", "pg_config"),
         ("3", "DATA_PARALLEL_GROUP", [0, 2], 2, "gloo", "DP", "pg_config"),
-        ("4", None, [1, 3], 2, "nccl", None, "pg_config"),
+        ("4", None, [1, 3], 2, "nccl", "OTHER", "pg_config"),
         ("9", "mesh_ep", [0, 3], 2, "nccl", "EP", "event_args"),
     ]
 

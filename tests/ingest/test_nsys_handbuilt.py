@@ -18,12 +18,13 @@ from ranklens.ingest import nsys_sqlite
 from ranklens.ingest._model import EVENT_COLUMNS, RankPart, event_schema
 from ranklens.ingest.errors import TraceFormatError
 from ranklens.ingest.nsys import read_nsys
+from ranklens.ingest.nsys_tables import plain
 
 UTC = 1_700_000_000_000_000_000
 
 
 def _ev(part: RankPart, **eq: object) -> list[dict[str, Any]]:
-    t = pa.concat_tables(part.events)
+    t = plain(pa.concat_tables(part.events))
     for k, v in eq.items():
         t = t.filter(pc.equal(t.column(k), v))
     rows: list[dict[str, Any]] = t.sort_by("ts_ns").to_pylist()
@@ -73,7 +74,8 @@ def test_full_mapping_and_schema(tmp_path: Path) -> None:
         "world_size": 8,
     }
     for t in p.events:
-        assert t.schema == event_schema() and tuple(t.column_names) == EVENT_COLUMNS
+        assert plain(t).schema == event_schema() and tuple(t.column_names) == EVENT_COLUMNS
+        assert t.schema.field("name").type == pa.dictionary(pa.int32(), pa.string())
     k, c = _ev(p, cat="kernel")
     assert (k["kind"], k["name"], k["device"], k["stream"], k["pid"], k["tid"]) == (
         "compute",
@@ -286,7 +288,7 @@ def test_chunked_parallel_read_matches_single_chunk(
         )
         db.runtime(100, i * 10, i * 10 + 1, "cudaLaunchKernel", i)
     path = db.save()
-    whole = pa.concat_tables(read_nsys(path, 0)[0].events)
+    whole = plain(pa.concat_tables(read_nsys(path, 0)[0].events))
     monkeypatch.setattr(nsys_sqlite, "CHUNK_ROWS", 8)
     calls: list[str] = []
     real = nsys_sqlite._HexChunk.read
@@ -297,7 +299,7 @@ def test_chunked_parallel_read_matches_single_chunk(
 
     monkeypatch.setattr(nsys_sqlite, "_adbc", None)
     monkeypatch.setattr(nsys_sqlite._HexChunk, "read", spy)
-    parts = pa.concat_tables(read_nsys(path, 0)[0].events)
+    parts = plain(pa.concat_tables(read_nsys(path, 0)[0].events))
     assert len(calls) >= 26
     assert parts.sort_by([("cat", "ascending"), ("ts_ns", "ascending")]).equals(
         whole.sort_by([("cat", "ascending"), ("ts_ns", "ascending")])
@@ -314,9 +316,9 @@ def test_adbc_backend_matches_stdlib(tmp_path: Path, monkeypatch: pytest.MonkeyP
     for i in range(50):
         db.kernel(100, i * 10, i * 10 + 5, f"void k{i % 7}()", corr=i if i % 5 else None)
     path = db.save()
-    fast = pa.concat_tables(read_nsys(path, 0)[0].events)
+    fast = plain(pa.concat_tables(read_nsys(path, 0)[0].events))
     monkeypatch.setattr(nsys_sqlite, "_adbc", None)
-    slow = pa.concat_tables(read_nsys(path, 0)[0].events)
+    slow = plain(pa.concat_tables(read_nsys(path, 0)[0].events))
     assert fast.sort_by("ts_ns").equals(slow.sort_by("ts_ns"))
 
 
@@ -325,3 +327,23 @@ def test_oversized_launch_dims_give_no_launch_string(tmp_path: Path) -> None:
     db.kernel(100, 1, 2, "void weird()", grid=(1, 70000, 1))
     (p,) = read_nsys(db.save(), 0)
     assert _ev(p)[0]["launch"] is None
+
+
+def test_packed_columns_keep_extreme_ids(tmp_path: Path) -> None:
+    """pid/device and stream/name travel packed in one integer each: extremes come back exact."""
+    db = NsysDB(tmp_path / "x.sqlite").meta()
+    top = 2**31 - 1
+    db.add("StringIds", id=top, value="void far_away()")
+    db.kernel(4194303, 1, 2, "void k()", device=15, stream=2**32 - 1)  # max Linux pid
+    db.kernel(1, 3, 4, "void k()", device=0, stream=0)
+    db.kernel(4194303, 5, 6, "void k()", device=7, stream=12)
+    db.rows["CUPTI_ACTIVITY_KIND_KERNEL"][-1]["demangledName"] = top
+    parts = read_nsys(db.save(), 0)
+    got = sorted(
+        (p.info["pid"], e["device"], e["stream"], e["name"]) for p in parts for e in _ev(p)
+    )
+    assert got == [
+        (1, 0, 0, "void k()"),
+        (4194303, 7, 12, "void far_away()"),
+        (4194303, 15, 2**32 - 1, "void k()"),
+    ]

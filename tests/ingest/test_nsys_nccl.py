@@ -20,12 +20,14 @@ from ranklens.ingest import load_traces
 from ranklens.ingest._model import RankPart
 from ranklens.ingest.errors import TraceFormatError
 from ranklens.ingest.nsys import read_nsys
+from ranklens.ingest.nsys_inputs import MixedFormatsError
+from ranklens.ingest.nsys_tables import plain
 
 COMM = 0xABC123
 
 
 def _comm(part: RankPart) -> list[dict[str, Any]]:
-    t = pa.concat_tables(part.events)
+    t = plain(pa.concat_tables(part.events))
     rows: list[dict[str, Any]] = (
         t.filter(pc.equal(t.column("kind"), "comm")).sort_by("ts_ns").to_pylist()
     )
@@ -112,7 +114,7 @@ def test_binary_payload_gives_communicator_size_and_rank(tmp_path: Path) -> None
                 "source": "nsys_nccl_nvtx",
             }
         ]
-        ann = pa.concat_tables(p.events)
+        ann = plain(pa.concat_tables(p.events))
         cats = set(ann.filter(pc.equal(ann.column("kind"), "annotation")).column("cat").to_pylist())
         assert cats == {"nvtx:NCCL"}
 
@@ -210,3 +212,29 @@ def test_loader_round_trip(tmp_path: Path) -> None:
         assert pg == [(f"{COMM:#x}", 4, "nccl")]
     finally:
         con.close()
+
+
+def test_report_beside_its_export_and_mixed_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X.nsys-rep beside X.sqlite is read once, from the export (no nsys needed); Kineto and
+    Nsight files together are refused unless allow_mixed."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no nsys anywhere
+    run = tmp_path / "run"
+    db = NsysDB(run / "rank0.sqlite").meta(normalized=True)
+    db.kernel(42, 1, 2, "void k()")
+    db.save()
+    (run / "rank0.nsys-rep").write_bytes(b"\0" * 64)
+    rep = load_traces([str(run)], tmp_path / "a.duckdb", workers=1)
+    assert rep.ranks == [0] and not rep.skipped
+    assert rep.warnings[0].startswith("1 .nsys-rep report(s) have their .sqlite export beside")
+    kineto = Path(__file__).resolve().parents[2] / "sample_traces" / "straggler_rank3" / "raw"
+    mixed = [str(run), str(kineto / "rank3.json.gz")]
+    with pytest.raises(MixedFormatsError) as err:
+        load_traces(mixed, tmp_path / "b.duckdb", workers=1)
+    assert "mixes 1 Kineto trace(s)" in err.value.message and "allow_mixed" in (
+        err.value.hint or ""
+    )
+    assert not (tmp_path / "b.duckdb").exists()
+    both = load_traces(mixed, tmp_path / "b.duckdb", workers=1, allow_mixed=True)
+    assert both.ranks == [0, 3] and any("mixed run allowed" in w for w in both.warnings)

@@ -1,0 +1,268 @@
+"""contention: what running communication beside compute (and beside other communication) costs.
+
+1. Compute: each compute event (GPU kernel; host op on a CPU-only rank) is `alone` when no
+   communication ran on its device during it, `overlapped` when communication covered at least
+   Params.min_overlap of it, else `partial` (left out). Per kernel class (name + launch
+   configuration, or + input shapes for host ops): T_alone = median duration alone on the same
+   rank, T_overlapped = mean duration overlapped, slowdown = T_overlapped / T_alone - 1 and
+   time lost = sum over overlapped runs of (duration - T_alone). Overlap with other compute
+   streams is not controlled for.
+2. Communication beside communication (e.g. DP all-reduce beside PP send/recv): each comm
+   event against the comm on the device's other streams/threads, per (name, op, parallelism,
+   size, dtype). Durations include waiting for peers: a slowdown here can also be a late peer.
+3. H2D/D2H copies (activation offload): how much of the copy time ran under compute.
+
+On CPU-only (gloo) ranks the comm that competes is the gloo worker threads' spans (the p2p
+spans on the main thread are waits); many ranks time-sharing few cores make this qualitative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+import polars as pl
+from ranklens.analysis._base import Finding, Result, Severity
+from ranklens.analysis._sql import apply_sql, query_pl
+
+NAME = "contention"
+
+COLUMNS: dict[str, str] = {
+    "name": "Compute kernel (or host op) name.",
+    "shape": "Launch configuration (grid/block) or input shapes; '' when unknown.",
+    "ranks": "Ranks that ran this class.",
+    "n_alone": "Runs with no communication beside them.",
+    "n_overlapped": "Runs with communication beside them for >= min_overlap of their time.",
+    "n_partial": "Runs partly overlapped (left out of the comparison).",
+    "n_matched": "Overlapped runs on ranks that also ran the class alone (compared).",
+    "t_alone_ns": "T_alone: median duration alone on a rank (mean over ranks, by their runs).",
+    "t_overlapped_ns": "T_overlapped: mean duration of the compared overlapped runs.",
+    "slowdown": "T_overlapped / T_alone - 1 (NULL: nothing to compare).",
+    "time_lost_ns": "Sum over compared overlapped runs of (duration - T_alone).",
+}
+
+
+@dataclass(frozen=True)
+class Params:
+    """Classification and finding thresholds.
+
+    Attributes:
+        min_overlap: share of a run that communication must cover to count as overlapped.
+        slowdown_warn: compute slowdown under overlap above which it is reported.
+        comm_slowdown_warn: slowdown of communication beside other communication to report.
+        exposed_copy_warn: share of H2D/D2H copy time not under compute to report.
+        min_share: ignore losses below this share of the mean step.
+        min_runs: runs alone needed for a baseline (compute), and on each side (comm).
+    """
+
+    min_overlap: float = 0.5
+    slowdown_warn: float = 0.10
+    comm_slowdown_warn: float = 0.20
+    exposed_copy_warn: float = 0.20
+    min_share: float = 0.01
+    min_runs: int = 3
+
+
+def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
+    """Kernel classes, per-step losses, comm-vs-comm classes and copy hiding."""
+    apply_sql(con, "intervals", "contention")
+    # One temp table so the kernel overlap (two ASOF joins over every kernel) runs once.
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE _contention_run AS SELECT * FROM contention_kernels($m)",
+        {"m": params.min_overlap},
+    )
+    try:
+        table = query_pl(
+            con,
+            "SELECT * FROM contention_classes('_contention_run', ?) "
+            "ORDER BY time_lost_ns DESC NULLS LAST, name, shape",
+            [params.min_runs],
+        )
+        by_step = query_pl(
+            con,
+            "SELECT * FROM contention_steps('_contention_run', ?) ORDER BY rank, step",
+            [params.min_runs],
+        )
+    finally:
+        con.execute("DROP TABLE IF EXISTS temp._contention_run")
+    comm = query_pl(
+        con,
+        "SELECT * FROM contention_comm(?, ?) ORDER BY time_lost_ns DESC NULLS LAST, name",
+        [params.min_overlap, params.min_runs],
+    )
+    memcpy = query_pl(con, "SELECT * FROM contention_memcpy ORDER BY rank, step, direction")
+    step_ns = con.execute("SELECT avg(end_ns - start_ns) FROM steps").fetchall()[0][0]
+    mean_step = float(step_ns) if step_ns is not None else 0.0
+    return Result(
+        NAME,
+        table.select(list(COLUMNS)),
+        tuple(_findings(table, by_step, comm, memcpy, mean_step, params)),
+        params,
+        {"by_step": by_step, "comm": comm, "memcpy": memcpy},
+    )
+
+
+def _per_step_worst(df: pl.DataFrame, col: str) -> tuple[float, int | None]:
+    """The worst rank's mean per step of `col`, and that rank."""
+    if df.is_empty():
+        return 0.0, None
+    per = df.group_by("rank").agg(pl.col(col).sum() / pl.len()).sort(col, descending=True)
+    top = per.row(0, named=True)
+    return float(top[col] or 0.0), int(top["rank"])
+
+
+def _findings(
+    table: pl.DataFrame,
+    by_step: pl.DataFrame,
+    comm: pl.DataFrame,
+    memcpy: pl.DataFrame,
+    mean_step: float,
+    p: Params,
+) -> list[Finding]:
+    out: list[Finding] = []
+    floor = p.min_share * mean_step
+    steps = tuple(sorted({int(s) for s in by_step["step"]})) if not by_step.is_empty() else ()
+    cmp = table.filter(pl.col("n_matched") > 0)
+    if not cmp.is_empty():
+        base = float((cmp["n_matched"] * cmp["t_alone_ns"]).sum())
+        slow = float((cmp["n_matched"] * cmp["t_overlapped_ns"]).sum()) / base - 1 if base else 0
+        lost, rank = _per_step_worst(by_step, "time_lost_ns")
+        if slow > p.slowdown_warn and lost > floor:
+            top = cmp.sort("time_lost_ns", descending=True).head(5)
+            first = top.row(0, named=True)
+            out.append(
+                Finding(
+                    code="CONTENTION_COMPUTE_SLOWDOWN",
+                    severity=Severity.WARNING if lost > 5 * floor else Severity.INFO,
+                    message=(
+                        f"compute runs {slow:.0%} slower beside communication (T_overlapped / "
+                        f"T_alone - 1 over {int(cmp['n_matched'].sum())} runs); "
+                        f"{lost / 1e6:.2f} ms lost per step on rank {rank}; worst class "
+                        f"{first['name']} {first['slowdown']:+.0%}"
+                    ),
+                    fix=(
+                        "communication kernels take SMs and memory bandwidth from the compute "
+                        "they overlap: give NCCL fewer channels/CTAs (NCCL_MAX_NCHANNELS, "
+                        "NCCL_MAX_CTAS), cap the SMs of TP comm overlap (Transformer Engine "
+                        "userbuffers num_sm), or overlap communication with less memory-bound "
+                        "kernels; keep the overlap while the hidden communication is larger "
+                        "than the time lost here (overlap analysis)"
+                    ),
+                    time_at_stake_ns=int(lost),
+                    ranks=tuple(
+                        int(r)
+                        for r in by_step.filter(pl.col("time_lost_ns") > 0)
+                        .get_column("rank")
+                        .unique()
+                        .sort()
+                    ),
+                    steps=steps,
+                    value=slow,
+                    threshold=p.slowdown_warn,
+                    evidence={
+                        "slowdown_all_classes": slow,
+                        "worst_rank": rank,
+                        "top_classes": [
+                            {k: r[k] for k in ("name", "shape", "slowdown", "time_lost_ns")}
+                            for r in top.iter_rows(named=True)
+                        ],
+                    },
+                )
+            )
+    out += _comm_finding(comm, by_step, steps, mean_step, floor, p)
+    out += _copy_finding(memcpy, steps, floor, p)
+    return out
+
+
+def _comm_finding(
+    comm: pl.DataFrame,
+    by_step: pl.DataFrame,
+    steps: tuple[int, ...],
+    mean_step: float,
+    floor: float,
+    p: Params,
+) -> list[Finding]:
+    bad = comm.filter((pl.col("slowdown") > p.comm_slowdown_warn) & (pl.col("time_lost_ns") > 0))
+    if bad.is_empty():
+        return []
+    n_rank_steps = max(by_step.height, 1) if not by_step.is_empty() else max(len(steps), 1)
+    ranks = int(comm["ranks"].max() or 1)  # type: ignore[arg-type]
+    lost = float(bad["time_lost_ns"].sum()) / n_rank_steps * ranks / max(ranks, 1)
+    if lost <= floor:
+        return []
+    top = bad.sort("time_lost_ns", descending=True).row(0, named=True)
+    return [
+        Finding(
+            code="CONTENTION_COMM_SLOWDOWN",
+            severity=Severity.WARNING if lost > 5 * floor else Severity.INFO,
+            message=(
+                f"{top['parallelism']} {top['coll_op']} runs {top['slowdown']:.0%} slower when "
+                f"other communication runs beside it; {lost / 1e6:.2f} ms lost per step "
+                f"(all classes)"
+            ),
+            fix=(
+                "communications compete for the same links and copy engines: stagger them "
+                "(move the DP gradient communication into pipeline bubbles, 'vertical "
+                "alignment'), put PP and DP traffic on different NICs/rails, or lower the "
+                "number of DP buckets in flight; durations include waits for late peers, "
+                "so check the stragglers analysis before tuning"
+            ),
+            time_at_stake_ns=int(lost),
+            ranks=tuple(sorted({int(r) for r in bad["compared_ranks"].explode().drop_nulls()})),
+            steps=steps,
+            value=float(top["slowdown"]),
+            threshold=p.comm_slowdown_warn,
+            evidence={
+                "classes": [
+                    {
+                        k: r[k]
+                        for k in (
+                            "name",
+                            "coll_op",
+                            "parallelism",
+                            "nelems",
+                            "slowdown",
+                            "time_lost_ns",
+                        )
+                    }
+                    for r in bad.sort("time_lost_ns", descending=True).head(5).iter_rows(named=True)
+                ],
+                "mean_step_ns": int(mean_step),
+            },
+        )
+    ]
+
+
+def _copy_finding(
+    memcpy: pl.DataFrame, steps: tuple[int, ...], floor: float, p: Params
+) -> list[Finding]:
+    if memcpy.is_empty():
+        return []
+    exposed, rank = _per_step_worst(memcpy, "exposed_ns")
+    total = float(memcpy["copy_ns"].sum())
+    share = float(memcpy["exposed_ns"].sum()) / total if total else 0.0
+    if share <= p.exposed_copy_warn or exposed <= floor:
+        return []
+    by_dir = memcpy.group_by("direction").agg(pl.col("copy_ns", "exposed_ns", "bytes").sum())
+    return [
+        Finding(
+            code="CONTENTION_MEMCPY_EXPOSED",
+            severity=Severity.WARNING if exposed > 5 * floor else Severity.INFO,
+            message=(
+                f"{share:.0%} of H2D/D2H copy time runs with no compute beside it; "
+                f"{exposed / 1e6:.2f} ms per step on rank {rank}"
+            ),
+            fix=(
+                "the copies do not hide under compute: for activation offload, prefetch earlier "
+                "on a side stream from pinned memory so the copy overlaps the next "
+                "micro-batch's compute, or offload fewer layers (lower the offload ratio); for "
+                "input batches, pin_memory=True with non_blocking copies issued a step ahead"
+            ),
+            time_at_stake_ns=int(exposed),
+            ranks=tuple(sorted({int(r) for r in memcpy.filter(pl.col("exposed_ns") > 0)["rank"]})),
+            steps=steps,
+            value=share,
+            threshold=p.exposed_copy_warn,
+            evidence={"by_direction": by_dir.to_dicts()},
+        )
+    ]

@@ -1,0 +1,293 @@
+"""pipeline: pipeline bubbles per stage and step, the micro-batch Gantt, and why.
+
+Stages are the ranks of PP process groups (labeled PP; else the group the p2p traffic shows),
+stage = rank within the group. Per stage and step window W, on unions of device activity:
+bubble = W minus busy time (compute, non-PP communication, memcpy) minus micro-batch blocks,
+i.e. idle plus PP send/recv with nothing else running (a waiting stage spins in a SendRecv
+kernel or blocks in gloo:recv, so idle alone under-counts). It is split into warm-up (before
+the first backward), steady state (until the last forward ends) and cool-down.
+
+Micro-batch blocks (F/B/W) come from annotations (`forward_mb3`, `backward-compute`, `wgrad_1`,
+DeepSeek-style `attn(F)`; GPU ranks use device-side ranges, else the kernels a host range
+launched), else from the order of PP send/recv (first/last stages then fuse F and B: 'FB').
+Schedule (p, m, v; gpipe/1f1b/interleaved/zero_bubble) is inferred from the blocks or given in
+Params. Convention: `bubble_fraction` = bubble / (bubble + work), a fraction of the pipeline's
+total time, compared with GPipe/1F1B (p-1)/(m+p-1); interleaved uses Megatron's fraction of
+ideal x = (p-1)/(v*m) converted to x/(1+x). The excess over the closed form is split (schedule
+replay, see pipeline_model) into block order, stage imbalance, micro-batch variance, p2p
+latency and the unexplained rest, when every block is annotated with its micro-batch.
+
+Caveats: CPU-only (gloo) ranks time-share cores, which inflates durations; a rank with several
+GPUs counts as one device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import polars as pl
+from ranklens.analysis._base import Result
+from ranklens.analysis._sql import apply_sql, query_pl
+from ranklens.analysis.pipeline_findings import findings
+from ranklens.analysis.pipeline_model import Block, decompose
+
+NAME = "pipeline"
+
+COLUMNS: dict[str, str] = {
+    "rank": "Global rank (one pipeline stage).",
+    "step": "Step number.",
+    "pp_group": "PP process group (pg_name) of the pipeline.",
+    "stage": "Stage: the rank's position in its PP group (0 = first).",
+    "pp_size": "p: stages in the pipeline.",
+    "microbatches": "m: micro-batches per step (inferred, or Params.microbatches).",
+    "schedule": "gpipe, 1f1b, interleaved or zero_bubble (inferred, or Params.schedule).",
+    "window_ns": "|W|: the stage's step window.",
+    "work_ns": "Time inside micro-batch blocks, gaps between kernels included (NULL: none).",
+    "other_busy_ns": "Busy outside blocks (DP all-reduce, optimizer, ...): not bubble.",
+    "bubble_ns": "W minus busy minus blocks: idle + PP wait with nothing else running.",
+    "idle_ns": "Part of the bubble with nothing running at all.",
+    "pp_wait_ns": "Part of the bubble inside PP send/recv (spinning or blocked).",
+    "warmup_bubble_ns": "Bubble before the stage's first backward block.",
+    "steady_bubble_ns": "Bubble between the first backward and the end of the last forward.",
+    "cooldown_bubble_ns": "Bubble after the last forward block.",
+    "bubble_fraction": "bubble / (bubble + work): fraction of the pipeline's time.",
+    "closed_form": "Closed-form bubble, same convention ((p-1)/(m+p-1) for GPipe/1F1B).",
+    "excess": "bubble_fraction - closed_form.",
+    "step_bubble_share": "bubble / |W|: fraction of the whole step.",
+    "block_source": "annotation, annotation_launches (host range -> kernels), p2p_order, none.",
+}
+
+SCHEDULE_COLUMNS = [
+    *("pp_group", "step", "p", "m", "v", "schedule", "schedule_source", "closed_form"),
+    *("closed_form_ideal", "convention", "bubble_fraction", "bubble_over_ideal"),
+    *("mean_bubble_ns", "mean_work_ns", "closed_bubble_ns", "excess_ns", "order_ns"),
+    *("imbalance_ns", "microbatch_variance_ns", "p2p_ns", "unexplained_ns", "p2p_latency_ns"),
+    *("busy_max_over_mean", "heavy_stage", "heavy_rank", "slow_blocks", "decomposition"),
+]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero_bubble")
+
+
+@dataclass(frozen=True)
+class Params:
+    """Schedule overrides and finding thresholds.
+
+    Attributes:
+        schedule: gpipe, 1f1b, interleaved or zero_bubble; None infers it from the blocks.
+        microbatches: m; None infers it (forward blocks per stage / v).
+        virtual_stages: v (interleaved model chunks per stage); None infers it.
+        schedule_warn: closed-form bubble fraction above which more micro-batches pay off.
+        imbalance_warn: max/mean busy time across stages above 1 + this flags a heavy stage.
+        component_warn: a cause of excess bubble is reported above this share of the step.
+    """
+
+    schedule: str | None = None
+    microbatches: int | None = None
+    virtual_stages: int | None = None
+    schedule_warn: float = 0.10
+    imbalance_warn: float = 0.10
+    component_warn: float = 0.03
+
+
+def closed_ideal(schedule: str, p: int, m: int, v: int) -> float | None:
+    """The closed-form bubble as a fraction of the ideal (bubble-free) time."""
+    if m <= 0:
+        return None
+    if schedule == "interleaved":
+        return (p - 1) / (max(v, 1) * m)
+    if schedule in ("gpipe", "1f1b"):
+        return (p - 1) / m
+    return None
+
+
+def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
+    """Bubbles per stage and step, the Gantt, the schedule and the excess decomposition."""
+    if params.schedule is not None and params.schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}")
+    apply_sql(con, "intervals", "pipeline")
+    by_step = query_pl(con, "SELECT * FROM pipeline_by_step ORDER BY pp_group, step, stage")
+    blocks = query_pl(con, "SELECT * FROM pipeline_blocks ORDER BY rank, step, start_ns")
+    inferred = query_pl(con, "SELECT * FROM pipeline_schedule ORDER BY pp_group, step")
+    stages = query_pl(con, "SELECT * FROM pipeline_stages ORDER BY pp_group, stage")
+    sched = _schedule(by_step, blocks, inferred, params)
+    keys = ["pp_group", "step"]
+    table = (
+        by_step.join(
+            sched.select(*keys, pl.col("m").alias("microbatches"), "schedule", "closed_form"),
+            on=keys,
+            how="left",
+        )
+        .with_columns((pl.col("bubble_fraction") - pl.col("closed_form")).alias("excess"))
+        .select(list(COLUMNS))
+        .sort("rank", "step")
+    )
+    per_stage = _per_stage(table)
+    return Result(
+        NAME,
+        table,
+        tuple(findings(sched, per_stage, blocks, params)),
+        params,
+        {"schedule": sched, "blocks": blocks, "stages": per_stage, "groups": stages},
+    )
+
+
+def _schedule(
+    by_step: pl.DataFrame, blocks: pl.DataFrame, inferred: pl.DataFrame, p: Params
+) -> pl.DataFrame:
+    """One row per pipeline and step: schedule, closed form, measured bubble, decomposition."""
+    rows: list[dict[str, Any]] = []
+    inf = {(r["pp_group"], r["step"]): r for r in inferred.iter_rows(named=True)}
+    for (group, step), part in by_step.group_by("pp_group", "step", maintain_order=True):
+        base = inf.get((group, step), {})
+        size = int(part["pp_size"][0])
+        m = p.microbatches or base.get("m")
+        v = p.virtual_stages or base.get("v") or 1
+        schedule = p.schedule or base.get("schedule")
+        user = any(x is not None for x in (p.schedule, p.microbatches, p.virtual_stages))
+        convention: str | None
+        if user and schedule is not None and m:
+            ideal = closed_ideal(schedule, size, int(m), int(v))
+            convention = (
+                "fraction of total x/(1+x); Megatron fraction of ideal x = (p-1)/(v*m)"
+                if schedule == "interleaved"
+                else "fraction of total (p-1)/(m+p-1); fraction of ideal (p-1)/m"
+            )
+        else:
+            ideal = base.get("closed_form_ideal")
+            convention = base.get("convention")
+        bub = part["bubble_ns"].cast(pl.Float64).to_list()
+        work = part["work_ns"].cast(pl.Float64).to_list()
+        has_work = None not in work and sum(work) > 0
+        mean_bubble = sum(bub) / len(bub) if bub else 0.0
+        mean_work = sum(work) / len(work) if has_work else None
+        heavy = part.sort("work_ns", descending=True, nulls_last=True).row(0, named=True)
+        row: dict[str, Any] = {
+            "pp_group": group,
+            "step": step,
+            "p": size,
+            "m": int(m) if m else None,
+            "v": int(v),
+            "schedule": schedule,
+            "schedule_source": "user" if user else ("inferred" if base else None),
+            "closed_form": None if ideal is None else ideal / (1 + ideal),
+            "closed_form_ideal": ideal,
+            "convention": convention,
+            "bubble_fraction": mean_bubble / (mean_bubble + mean_work)
+            if mean_work is not None and mean_bubble + mean_work > 0
+            else None,
+            "bubble_over_ideal": mean_bubble / mean_work if mean_work else None,
+            "mean_bubble_ns": int(mean_bubble),
+            "mean_work_ns": None if mean_work is None else int(mean_work),
+            "busy_max_over_mean": max(work) / mean_work if mean_work else None,
+            "heavy_stage": heavy["stage"] if has_work else None,
+            "heavy_rank": heavy["rank"] if has_work else None,
+        }
+        row.update(_decomposition(group, step, size, row, blocks, mean_bubble))
+        rows.append(row)
+    schema = {c: _SCHEDULE_TYPES.get(c, pl.Int64) for c in SCHEDULE_COLUMNS}
+    return pl.DataFrame(rows, schema=schema, orient="row").select(SCHEDULE_COLUMNS)
+
+
+_SCHEDULE_TYPES: dict[str, Any] = {
+    "pp_group": pl.Utf8,
+    "step": pl.Int32,
+    "schedule": pl.Utf8,
+    "schedule_source": pl.Utf8,
+    "convention": pl.Utf8,
+    "decomposition": pl.Utf8,
+    "slow_blocks": pl.Utf8,
+    **{
+        c: pl.Float64
+        for c in (
+            "closed_form",
+            "closed_form_ideal",
+            "bubble_fraction",
+            "bubble_over_ideal",
+            "busy_max_over_mean",
+        )
+    },
+}
+
+
+def _decomposition(
+    group: str, step: int, p: int, row: dict[str, Any], blocks: pl.DataFrame, mean_bubble: float
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        k: None
+        for k in (
+            "closed_bubble_ns",
+            "excess_ns",
+            "order_ns",
+            "imbalance_ns",
+            "microbatch_variance_ns",
+            "p2p_ns",
+            "unexplained_ns",
+            "p2p_latency_ns",
+            "slow_blocks",
+        )
+    }
+    ideal, m = row["closed_form_ideal"], row["m"]
+    if ideal is not None and row["mean_work_ns"] is not None:
+        out["closed_bubble_ns"] = int(ideal * row["mean_work_ns"])
+        out["excess_ns"] = int(mean_bubble - ideal * row["mean_work_ns"])
+    if row["schedule"] not in ("gpipe", "1f1b", "zero_bubble") or not m or ideal is None:
+        out["decomposition"] = "needs a non-interleaved schedule with known m"
+        return out
+    part = blocks.filter((pl.col("pp_group") == group) & (pl.col("step") == step))
+    bl = [
+        Block(int(b["stage"]), str(b["phase"]), int(b["mb"]), b["start_ns"], b["end_ns"])
+        for b in part.iter_rows(named=True)
+        if b["mb"] is not None
+    ]
+    dec, why = decompose(bl, p, int(m), float(ideal), mean_bubble)
+    out["decomposition"] = why
+    if dec is None:
+        return out
+    out.update(
+        closed_bubble_ns=int(dec.closed_bubble_ns),
+        excess_ns=int(mean_bubble - dec.closed_bubble_ns),
+        order_ns=int(dec.order_ns),
+        imbalance_ns=int(dec.imbalance_ns),
+        microbatch_variance_ns=int(dec.variance_ns),
+        p2p_ns=int(dec.p2p_ns),
+        unexplained_ns=int(dec.unexplained_ns),
+        p2p_latency_ns=int(dec.latency_ns),
+        slow_blocks="; ".join(
+            f"stage {s} {ph}{i} {d / 1e6:.1f} ms (median {med / 1e6:.1f})"
+            for s, ph, i, d, med in dec.slow_blocks
+        )
+        or None,
+    )
+    return out
+
+
+def _per_stage(table: pl.DataFrame) -> pl.DataFrame:
+    """Totals per stage over its steps (ratios of sums), for reports."""
+    ns = [
+        "window_ns",
+        "work_ns",
+        "bubble_ns",
+        "idle_ns",
+        "pp_wait_ns",
+        "warmup_bubble_ns",
+        "steady_bubble_ns",
+        "cooldown_bubble_ns",
+    ]
+    return (
+        table.group_by("rank", "pp_group", "stage", "pp_size")
+        .agg(
+            pl.len().alias("steps"),
+            *[pl.col(c).sum() for c in ns],
+            pl.col("closed_form").mean(),
+            pl.col("schedule").first(),
+            pl.col("microbatches").first(),
+        )
+        .with_columns(
+            (pl.col("bubble_ns") / (pl.col("bubble_ns") + pl.col("work_ns"))).alias(
+                "bubble_fraction"
+            )
+        )
+        .sort("pp_group", "stage")
+    )

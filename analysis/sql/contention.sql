@@ -1,0 +1,208 @@
+-- contention: compute slowed by concurrent communication, communication slowed by other
+-- communication, and whether H2D/D2H copies hide under compute. Needs intervals.sql.
+-- A device is (rank, device) folded into one key: rank * 4096 + device + 1 (-1 = host).
+
+CREATE OR REPLACE TEMP VIEW _contention_ev AS
+SELECT e.rank, e.step, e.device, e.stream, e.kind, e.name,
+       coalesce(e.launch, e.shapes, '') AS shape,
+       hash(e.name, coalesce(e.launch, e.shapes, '')) AS cls, e.ts_ns AS s, e.ts_ns + e.dur_ns AS e,
+       e.dur_ns AS dur, e.coll_op, e.pg_name, greatest(e.in_nelems, e.out_nelems) AS nelems,
+       e.dtype, e.bytes, e.rank::BIGINT * 4096 + e.device + 1 AS dk
+FROM events e JOIN ranks r USING (rank)
+WHERE e.step IS NOT NULL AND e.kind IN ('compute', 'comm', 'memcpy', 'memset')
+  AND ((r.has_gpu AND e.device >= 0) OR (NOT r.has_gpu AND e.device = -1));
+
+-- Communication that competes with compute for the device: all of it on a GPU; on a CPU-only
+-- rank only the spans on threads that run no compute (gloo worker threads): the gloo p2p
+-- spans on the main thread are waits, not work.
+CREATE OR REPLACE TEMP VIEW _contention_comm AS
+WITH host_compute AS (
+  SELECT DISTINCT rank, stream FROM _contention_ev WHERE kind = 'compute' AND device = -1
+)
+SELECT c.* FROM _contention_ev c
+WHERE c.kind = 'comm'
+  AND (c.device >= 0 OR NOT EXISTS (SELECT 1 FROM host_compute h
+                                    WHERE h.rank = c.rank AND h.stream = c.stream));
+
+-- Islands of communication per device (the union of its comm events).
+CREATE OR REPLACE TEMP VIEW _contention_comm_islands AS
+WITH iv AS (SELECT dk AS k, s, e FROM _contention_comm)
+SELECT k, s, e FROM interval_union_sorted('iv');
+
+-- One row per compute event: ov_ns = time communication ran beside it on the same device;
+-- state alone (none), overlapped (ov >= min_overlap * dur) or partial. cls = hash of the
+-- class (name, shape): a small payload; contention_class_names maps it back.
+-- Algorithm: an event of at most 1 ms that starts in 1 ms bucket b lies in [b, b + 2) ms, so
+-- each device's islands are listed under every bucket b whose [b, b + 2) they touch, and one
+-- equi-join on (device, bucket) hands each event the few islands it can overlap (islands are
+-- disjoint: the overlaps add up). Longer events join the islands by range.
+CREATE OR REPLACE TEMP MACRO contention_kernels(min_overlap) AS TABLE
+WITH ib AS MATERIALIZED (
+  SELECT k, bk, list({'s': s, 'e': e}) AS ivs FROM (
+    SELECT k, s, e, unnest(range(s // 1000000 - 1, (e - 1) // 1000000 + 1)) AS bk
+    FROM _contention_comm_islands WHERE e > s
+  ) GROUP BY k, bk
+), short AS (
+  SELECT x.rank, x.step, x.cls, x.dur,
+         coalesce(list_sum(list_transform(b.ivs,
+           lambda v: greatest(least(x.e, v.e) - greatest(x.s, v.s), 0))), 0) AS ov_ns
+  FROM _contention_ev x LEFT JOIN ib b ON b.k = x.dk AND b.bk = x.s // 1000000
+  WHERE x.kind = 'compute' AND x.dur > 0 AND x.dur <= 1000000
+), long AS (
+  SELECT x.rank, x.step, x.cls, x.dur,
+         coalesce(sum(least(x.e, i.e) - greatest(x.s, i.s)) FILTER (WHERE i.k IS NOT NULL), 0)
+           AS ov_ns
+  FROM _contention_ev x LEFT JOIN _contention_comm_islands i
+    ON i.k = x.dk AND i.s < x.e AND i.e > x.s
+  WHERE x.kind = 'compute' AND x.dur > 1000000
+  GROUP BY x.rank, x.step, x.cls, x.dur, x.dk, x.stream, x.s
+), o AS (
+  SELECT * FROM short UNION ALL SELECT * FROM long
+)
+SELECT rank, step, cls, dur, ov_ns,
+       CASE WHEN ov_ns = 0 THEN 'alone' WHEN ov_ns >= min_overlap * dur THEN 'overlapped'
+            ELSE 'partial' END AS state
+FROM o;
+
+CREATE OR REPLACE TEMP VIEW contention_class_names AS
+SELECT cls, any_value(name) AS name, any_value(shape) AS shape
+FROM _contention_ev WHERE kind = 'compute' GROUP BY cls;
+
+-- Per kernel class (name + launch shape, or + input shapes for host ops) over a table t shaped
+-- like contention_kernels. The baseline is the median duration of the class running alone on
+-- the same rank (at least min_alone runs); T_overlapped the mean of its overlapped runs on ranks
+-- with a baseline; slowdown = T_overlapped / T_alone - 1; time_lost = sum over those overlapped
+-- runs of (dur - T_alone).
+CREATE OR REPLACE TEMP MACRO contention_classes(t, min_alone) AS TABLE
+WITH pr AS (
+  SELECT rank, cls,
+         count(*) FILTER (WHERE state = 'alone') AS n_alone,
+         median(dur) FILTER (WHERE state = 'alone') AS t_alone,
+         count(*) FILTER (WHERE state = 'overlapped') AS n_ov,
+         sum(dur) FILTER (WHERE state = 'overlapped') AS ov_sum,
+         count(*) FILTER (WHERE state = 'partial') AS n_partial
+  FROM query_table(t) GROUP BY rank, cls
+), m AS (
+  SELECT *, n_alone >= min_alone AND n_ov > 0 AS matched FROM pr
+), c AS (
+SELECT cls, count(*)::INTEGER AS ranks, sum(n_alone)::BIGINT AS n_alone,
+       sum(n_ov)::BIGINT AS n_overlapped, sum(n_partial)::BIGINT AS n_partial,
+       sum(n_ov) FILTER (WHERE matched)::BIGINT AS n_matched,
+       coalesce(sum(n_ov * t_alone) FILTER (WHERE matched)
+                  / nullif(sum(n_ov) FILTER (WHERE matched), 0),
+                sum(n_alone * t_alone) / nullif(sum(n_alone), 0)) AS t_alone_ns,
+       sum(ov_sum) FILTER (WHERE matched) / nullif(sum(n_ov) FILTER (WHERE matched), 0)
+         AS t_overlapped_ns,
+       sum(ov_sum) FILTER (WHERE matched)
+         / nullif(sum(n_ov * t_alone) FILTER (WHERE matched), 0) - 1 AS slowdown,
+       (sum(ov_sum) FILTER (WHERE matched) - sum(n_ov * t_alone) FILTER (WHERE matched))::BIGINT
+         AS time_lost_ns
+FROM m GROUP BY cls
+)
+SELECT n.name, n.shape, c.* EXCLUDE (cls) FROM c JOIN contention_class_names n USING (cls);
+
+-- Per rank and step over a table t shaped like contention_kernels: compute time (a sum over
+-- events, host ops nest), how much of it ran beside communication, and the time lost to it.
+CREATE OR REPLACE TEMP MACRO contention_steps(t, min_alone) AS TABLE
+WITH base AS (
+  SELECT rank, cls, median(dur) AS t_alone FROM query_table(t)
+  WHERE state = 'alone' GROUP BY ALL HAVING count(*) >= min_alone
+)
+SELECT k.rank, k.step, count(*)::BIGINT AS kernels, sum(k.dur)::BIGINT AS compute_sum_ns,
+       count(*) FILTER (WHERE k.state = 'overlapped')::BIGINT AS overlapped_kernels,
+       coalesce(sum(k.dur) FILTER (WHERE k.state = 'overlapped'), 0)::BIGINT AS overlapped_ns,
+       coalesce(sum(k.dur - b.t_alone) FILTER (WHERE k.state = 'overlapped'), 0)::BIGINT
+         AS time_lost_ns
+FROM query_table(t) k LEFT JOIN base b USING (rank, cls)
+GROUP BY k.rank, k.step;
+
+CREATE OR REPLACE TEMP VIEW contention_by_kernel AS
+WITH k AS MATERIALIZED (SELECT * FROM contention_kernels(0.5))
+SELECT * FROM contention_classes('k', 3);
+
+-- Communication beside communication: each comm event against the union of communication on
+-- the device's other streams/threads (e.g. DP all-reduce beside PP send/recv), per (name, op,
+-- parallelism, size, dtype). Host p2p spans on compute threads are waits and left out, as in
+-- _contention_comm. Durations include waiting for peers, so medians (per rank, both sides)
+-- and at least min_runs runs on each side: slowdown = median beside / median alone - 1.
+CREATE OR REPLACE TEMP MACRO contention_comm(min_overlap, min_runs) AS TABLE
+WITH c AS MATERIALIZED (
+  SELECT c.*, coalesce(g.parallelism, CASE WHEN c.pg_name IS NULL THEN 'UNKNOWN'
+                                           ELSE 'OTHER' END) AS parallelism
+  FROM _contention_comm c LEFT JOIN process_groups g ON g.pg_name = c.pg_name
+  WHERE c.dur > 0
+), ids AS MATERIALIZED (
+  SELECT rank, device, stream, row_number() OVER (ORDER BY rank, device, stream) AS id
+  FROM (SELECT DISTINCT rank, device, stream FROM c)
+), iv AS (
+  SELECT i.id AS k, c.s, c.e FROM c JOIN ids i ON i.rank = c.rank AND i.device = c.device
+  AND i.stream <> c.stream
+), isl AS MATERIALIZED (
+  SELECT k, s, e,
+         coalesce(sum(e - s) OVER (PARTITION BY k ORDER BY s
+                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
+  FROM interval_union_sorted('iv')
+), o AS (
+  SELECT c.rank, c.name, c.coll_op, c.parallelism, c.nelems, c.dtype, c.dur,
+         coalesce(b.before + least(c.e, b.e) - b.s, 0)
+           - coalesce(a.before + least(c.s, a.e) - a.s, 0) AS ov_ns
+  FROM c JOIN ids i ON i.rank = c.rank AND i.device = c.device AND i.stream = c.stream
+  ASOF LEFT JOIN isl a ON a.k = i.id AND c.s >= a.s
+  ASOF LEFT JOIN isl b ON b.k = i.id AND c.e >= b.s
+), st AS (
+  SELECT *, CASE WHEN ov_ns = 0 THEN 'alone' WHEN ov_ns >= min_overlap * dur THEN 'overlapped'
+                 ELSE 'partial' END AS state
+  FROM o
+), pr AS (
+  SELECT rank, name, coll_op, parallelism, nelems, dtype,
+         count(*) FILTER (WHERE state = 'alone') AS n_alone,
+         median(dur) FILTER (WHERE state = 'alone') AS t_alone,
+         count(*) FILTER (WHERE state = 'overlapped') AS n_ov,
+         median(dur) FILTER (WHERE state = 'overlapped') AS t_ov
+  FROM st GROUP BY ALL
+), m AS (
+  SELECT *, n_alone >= min_runs AND n_ov >= min_runs AS matched FROM pr
+)
+SELECT name, coll_op, parallelism, nelems, dtype, count(*)::INTEGER AS ranks,
+       sum(n_alone)::BIGINT AS n_alone, sum(n_ov)::BIGINT AS n_concurrent,
+       sum(n_ov) FILTER (WHERE matched)::BIGINT AS n_matched,
+       sum(n_ov * t_alone) FILTER (WHERE matched)
+         / nullif(sum(n_ov) FILTER (WHERE matched), 0) AS t_alone_ns,
+       sum(n_ov * t_ov) FILTER (WHERE matched) / nullif(sum(n_ov) FILTER (WHERE matched), 0)
+         AS t_concurrent_ns,
+       sum(n_ov * t_ov) FILTER (WHERE matched)
+         / nullif(sum(n_ov * t_alone) FILTER (WHERE matched), 0) - 1 AS slowdown,
+       (sum(n_ov * t_ov) FILTER (WHERE matched)
+          - sum(n_ov * t_alone) FILTER (WHERE matched))::BIGINT AS time_lost_ns,
+       list(rank ORDER BY rank) FILTER (WHERE matched) AS compared_ranks
+FROM m GROUP BY name, coll_op, parallelism, nelems, dtype;
+
+-- H2D/D2H copies (activation offload) against the union of compute on the same device.
+-- Algorithm: memcpys are few. A compute event of at most 1 ms that overlaps a memcpy starts in
+-- the memcpy's 1 ms buckets or the one before, so an equi-join on (device, bucket) finds it (no
+-- interval join over every kernel); longer events join by range. The clipped pieces are then
+-- unioned per memcpy.
+CREATE OR REPLACE TEMP VIEW contention_memcpy AS
+WITH cp AS MATERIALIZED (
+  SELECT row_number() OVER (ORDER BY rank, dk, s, e) AS id, rank, step, dk, s, e, dur, bytes,
+         regexp_extract(name, 'Memcpy (\w+)', 1) AS direction
+  FROM _contention_ev WHERE kind = 'memcpy' AND regexp_matches(name, 'Memcpy (HtoD|DtoH)')
+), cb AS (
+  SELECT id, dk, s, e, unnest(range(s // 1000000 - 1, e // 1000000 + 1)) AS bk FROM cp
+), piece AS (
+  SELECT c.id AS k, 0 AS cls, greatest(x.s, c.s) AS s, least(x.e, c.e) AS e
+  FROM _contention_ev x JOIN cb c ON c.dk = x.dk AND c.bk = x.s // 1000000
+  WHERE x.kind = 'compute' AND x.dur <= 1000000 AND x.s < c.e AND x.e > c.s
+  UNION ALL
+  SELECT c.id, 0, greatest(x.s, c.s), least(x.e, c.e)
+  FROM _contention_ev x JOIN cp c ON c.dk = x.dk AND x.s < c.e AND x.e > c.s
+  WHERE x.kind = 'compute' AND x.dur > 1000000
+), hid AS (
+  SELECT k AS id, sum(e - s) AS hidden FROM interval_union('piece') GROUP BY k
+)
+SELECT rank, step, direction, count(*)::BIGINT AS copies, sum(bytes)::BIGINT AS bytes,
+       sum(dur)::BIGINT AS copy_ns, coalesce(sum(hidden), 0)::BIGINT AS hidden_ns,
+       (sum(dur) - coalesce(sum(hidden), 0))::BIGINT AS exposed_ns,
+       coalesce(sum(hidden), 0) / nullif(sum(dur), 0) AS hidden_ratio,
+       sum(bytes) / nullif(sum(dur), 0) AS gb_per_s
+FROM cp LEFT JOIN hid USING (id) GROUP BY rank, step, direction;

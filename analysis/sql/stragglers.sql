@@ -1,0 +1,137 @@
+-- stragglers: who arrives last at matched collectives, and what it costs the others.
+-- Times are on the job clock (raw + ranks.clock_offset_ns). Only `matched` instances count.
+
+-- Clock uncertainty of a rank: none when its clock is its host's (single host), else the
+-- alignment residual; a skew inside the uncertainty names no late rank.
+CREATE OR REPLACE TEMP VIEW _stragglers_ranks AS
+SELECT rank, coalesce(clock_offset_ns, 0) AS off, coalesce(host, 'rank:' || rank) AS dom,
+       CASE WHEN clock_method = 'single_host' THEN 0 ELSE coalesce(align_residual_ns, 0) END AS unc,
+       clock_method, align_residual_ns
+FROM ranks;
+
+CREATE OR REPLACE TEMP VIEW _stragglers_rows AS
+SELECT c.instance_id, c.rank, c.pg_name, c.op, c.seq, c.step, c.device, c.ts_ns, c.end_ns,
+       c.arrive_ns, c.arrive_ns + r.off AS arr, c.end_ns + r.off AS fin, r.dom, r.unc
+FROM collectives c JOIN _stragglers_ranks r USING (rank)
+WHERE c.status = 'matched' AND c.instance_id IS NOT NULL;
+
+-- Algorithm: per instance, the last arrival; each rank waits from its own arrival to it, and
+-- transfers from it to its end. The late rank is charged the others' mean wait ("held back").
+-- Point-to-point instances name no late rank: a pipeline receiver waiting for its sender is
+-- the schedule's bubble (pipeline analysis), not a straggler.
+CREATE OR REPLACE TEMP VIEW stragglers_by_instance AS
+WITH i AS (
+  SELECT instance_id, any_value(pg_name) AS pg_name,
+         CASE WHEN count(DISTINCT op) > 1 THEN 'p2p' ELSE any_value(op) END AS op,
+         any_value(seq) AS seq, min(step) AS step, count(*) AS n_ranks,
+         max(arr) - min(arr) AS skew_ns, arg_max(rank, arr) AS last_rank, max(arr) AS last_arr,
+         min(end_ns - ts_ns) AS min_dur_ns, max(end_ns - ts_ns) AS max_dur_ns,
+         count(DISTINCT dom) > 1 AS spans_hosts, max(unc) AS unc_ns
+  FROM _stragglers_rows GROUP BY instance_id
+)
+SELECT i.instance_id, i.pg_name, coalesce(g.parallelism, 'UNKNOWN') AS parallelism, i.op,
+       i.seq, i.step, i.n_ranks, i.skew_ns,
+       CASE WHEN i.op <> 'p2p'
+             AND i.skew_ns > CASE WHEN i.spans_hosts THEN i.unc_ns ELSE 0 END
+            THEN i.last_rank END AS late_rank,
+       i.min_dur_ns, i.max_dur_ns, i.spans_hosts,
+       CASE WHEN i.spans_hosts THEN i.unc_ns ELSE 0 END AS clock_uncertainty_ns, i.last_arr
+FROM i LEFT JOIN process_groups g USING (pg_name);
+
+-- Per rank and instance: wait and transfer (ns), and the raw-clock wait interval.
+CREATE OR REPLACE TEMP VIEW stragglers_by_rank_instance AS
+SELECT r.instance_id, r.rank, r.step, r.device, i.pg_name, i.parallelism, i.op,
+       greatest(i.last_arr - r.arr, 0) AS wait_ns,
+       greatest(r.fin - greatest(i.last_arr, r.arr), 0) AS transfer_ns,
+       i.late_rank,
+       greatest(r.ts_ns, r.arrive_ns) AS wait_s,
+       least(r.end_ns, r.arrive_ns + greatest(i.last_arr - r.arr, 0)) AS wait_e
+FROM _stragglers_rows r JOIN stragglers_by_instance i USING (instance_id);
+
+-- Held back: per late rank and instance, the mean wait of the other members.
+CREATE OR REPLACE TEMP VIEW _stragglers_held AS
+SELECT i.late_rank AS rank, i.instance_id,
+       sum(x.wait_ns) AS caused_wait_ns, sum(x.wait_ns) / (count(*) - 1) AS held_back_ns
+FROM stragglers_by_instance i JOIN stragglers_by_rank_instance x USING (instance_id)
+WHERE i.late_rank IS NOT NULL AND i.n_ranks > 1
+GROUP BY i.late_rank, i.instance_id;
+
+-- Exposed communication split: wait intervals (cls 2) inside comm (cls 1), against compute
+-- (cls 0), per rank, step and device, on unions. exposed = |M \ C|, wait = |Wait \ C|.
+CREATE OR REPLACE TEMP VIEW _stragglers_iv AS
+SELECT {'rank': rank, 'step': step, 'device': device} AS k,
+       CASE kind WHEN 'compute' THEN 0 ELSE 1 END AS cls, s, e
+FROM _activity_events WHERE kind IN ('compute', 'comm')
+UNION ALL
+SELECT {'rank': x.rank, 'step': x.step, 'device': x.device} AS k, 2 AS cls, x.wait_s, x.wait_e
+FROM stragglers_by_rank_instance x
+WHERE x.wait_e > x.wait_s
+  AND (x.rank, x.step, x.device) IN (SELECT (rank, step, device) FROM _activity_events);
+
+CREATE OR REPLACE TEMP VIEW _stragglers_union AS SELECT * FROM interval_union('_stragglers_iv');
+
+CREATE OR REPLACE TEMP VIEW stragglers_by_step AS
+WITH cov AS (
+  SELECT k.rank AS rank, k.step AS step,
+         sum(dur) FILTER (WHERE mask & 3 = 2) AS exposed_ns,
+         sum(dur) FILTER (WHERE mask & 5 = 4) AS exposed_wait_ns
+  FROM interval_coverage('_stragglers_union') GROUP BY ALL
+)
+SELECT w.rank, w.step, w.window_ns, coalesce(exposed_ns, 0)::BIGINT AS exposed_comm_ns,
+       coalesce(exposed_wait_ns, 0)::BIGINT AS exposed_wait_ns,
+       (coalesce(exposed_ns, 0) - coalesce(exposed_wait_ns, 0))::BIGINT AS exposed_transfer_ns
+FROM _activity_windows w LEFT JOIN cov USING (rank, step);
+
+-- Compute per step, compared with the rank's peers: ranks of the same pipeline stage (their
+-- index in a PP group), or every rank when there is no PP group.
+CREATE OR REPLACE TEMP VIEW _stragglers_compute AS
+WITH c AS (
+  SELECT rank, sum(dur) FILTER (WHERE mask & 1 <> 0) AS compute_ns FROM _activity_cov
+  GROUP BY rank
+), n AS (SELECT rank, count(*) AS steps FROM _activity_windows GROUP BY rank),
+pp AS (
+  SELECT unnest(ranks) AS rank, unnest(generate_series(1, len(ranks))) AS stage
+  FROM process_groups WHERE parallelism = 'PP' AND ranks IS NOT NULL
+), st AS (SELECT rank, min(stage) AS stage FROM pp GROUP BY rank)
+SELECT n.rank, n.steps, coalesce(st.stage, 0) AS stage,
+       coalesce(c.compute_ns, 0) / n.steps AS compute_per_step_ns
+FROM n LEFT JOIN c USING (rank) LEFT JOIN st USING (rank);
+
+CREATE OR REPLACE TEMP VIEW stragglers_by_rank AS
+WITH h AS (
+  SELECT rank, count(*) AS late_count, sum(held_back_ns) AS held_back_ns,
+         sum(caused_wait_ns) AS caused_wait_ns
+  FROM _stragglers_held GROUP BY rank
+), x AS (
+  -- late_z: how far its late count is above chance (1/n per instance), in standard deviations
+  SELECT r.rank, count(*) AS instances, sum(r.wait_ns) AS waited_ns,
+         sum(1.0 / i.n_ranks) FILTER (WHERE i.late_rank IS NOT NULL) AS exp_late,
+         sqrt(sum((1.0 / i.n_ranks) * (1 - 1.0 / i.n_ranks))
+              FILTER (WHERE i.late_rank IS NOT NULL)) AS sd_late
+  FROM stragglers_by_rank_instance r JOIN stragglers_by_instance i USING (instance_id)
+  WHERE r.op <> 'p2p' GROUP BY r.rank
+), s AS (
+  SELECT rank, sum(window_ns) AS window_ns, sum(exposed_wait_ns) AS exposed_wait_ns,
+         sum(exposed_transfer_ns) AS exposed_transfer_ns
+  FROM stragglers_by_step GROUP BY rank
+), c AS (
+  SELECT *, compute_per_step_ns / nullif(median(compute_per_step_ns) OVER (PARTITION BY stage), 0)
+              - 1 AS compute_imbalance
+  FROM _stragglers_compute
+)
+SELECT c.rank, c.steps, coalesce(x.instances, 0) AS instances,
+       coalesce(h.late_count, 0) AS late_count,
+       (coalesce(h.late_count, 0) - x.exp_late) / nullif(x.sd_late, 0) AS late_z,
+       coalesce(h.held_back_ns, 0)::BIGINT AS held_back_ns,
+       coalesce(x.waited_ns, 0)::BIGINT AS waited_ns,
+       ((coalesce(h.held_back_ns, 0) - coalesce(x.waited_ns, 0)) / c.steps)::BIGINT
+         AS net_held_back_per_step_ns,
+       (coalesce(h.held_back_ns, 0) - coalesce(x.waited_ns, 0)) / nullif(s.window_ns, 0)
+         AS net_held_back_share,
+       coalesce(h.caused_wait_ns, 0)::BIGINT AS caused_wait_ns,
+       coalesce(s.exposed_wait_ns, 0)::BIGINT AS exposed_wait_ns,
+       coalesce(s.exposed_transfer_ns, 0)::BIGINT AS exposed_transfer_ns,
+       c.stage, c.compute_per_step_ns::BIGINT AS compute_per_step_ns, c.compute_imbalance,
+       r.clock_method, r.align_residual_ns
+FROM c LEFT JOIN h USING (rank) LEFT JOIN x USING (rank) LEFT JOIN s USING (rank)
+LEFT JOIN _stragglers_ranks r USING (rank);

@@ -1,0 +1,293 @@
+"""timeline: the aligned multi-rank timeline, one visible window at a time.
+
+Why a module of its own: a run can hold tens of millions of events, so no face may ever fetch
+"the timeline". Every query here takes a window on the job clock (raw timestamps + each rank's
+`ranks.clock_offset_ns`, as in the `events_aligned` view) and returns either the device activity
+in it (at most `max_events` rows) or, when the window holds more, that activity aggregated into
+time buckets per rank and stream (busy time per kind and parallelism). The raw-time prefilter
+on `events.ts_ns` lets DuckDB skip row groups outside the window.
+
+Also here: the exposed-communication and idle/bubble segments of a window (a sweep over the
+classes compute, non-PP comm, PP comm, memory per rank; exposed = comm with no compute;
+idle = none of compute, non-PP comm or memory, i.e. idle time plus PP waits, as the pipeline
+analysis counts bubbles), and the ranks of one collective instance.
+
+Device activity is what the other analyses count: GPU kernels, memcpy and memset of GPU ranks,
+host compute/comm spans of CPU-only (gloo) ranks. Not a registered analysis: it has no findings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+import polars as pl
+from ranklens.analysis._sql import query_pl
+
+Params = dict[str, object]
+
+ACTIVITY_KINDS: tuple[str, ...] = ("compute", "comm", "memcpy", "memset")
+
+_RANKS = """r AS (SELECT rank, coalesce(clock_offset_ns, 0) AS off, coalesce(has_gpu, false) AS gpu
+              FROM ranks),
+g AS (SELECT pg_name, any_value(parallelism) AS parallelism FROM process_groups GROUP BY pg_name)"""
+
+# The window's device activity on the job clock; $lo/$hi prune on the raw clock first.
+_EVENTS = f"""WITH {_RANKS}
+SELECT e.rank, e.stream, e.kind::VARCHAR AS kind, e.name, e.step, e.ts_ns,
+       e.ts_ns + r.off AS s, e.ts_ns + r.off + e.dur_ns AS e, e.dur_ns, e.pg_name, e.coll_op,
+       CASE WHEN e.kind = 'comm' THEN coalesce(g.parallelism, 'UNKNOWN') END AS parallelism
+FROM events e JOIN r USING (rank) LEFT JOIN g USING (pg_name)
+WHERE e.kind IN ('compute', 'comm', 'memcpy', 'memset')
+  AND ((r.gpu AND e.device >= 0) OR (NOT r.gpu AND e.device = -1))
+  AND e.ts_ns >= $lo AND e.ts_ns < $hi
+  AND e.ts_ns + r.off < $end AND e.ts_ns + r.off + e.dur_ns > $start
+  AND ($ranks IS NULL OR list_contains($ranks, e.rank))"""
+
+# Algorithm: clip to the window; an event inside one bucket adds to it directly, the few that
+# span several are split over them (unnest), then busy time is summed per lane/bucket/kind.
+_BUCKETS = f"""WITH ev AS ({_EVENTS}),
+c AS (SELECT rank, stream, kind, parallelism, greatest(s, $start) AS cs, least(e, $end) AS ce
+      FROM ev),
+b AS (SELECT *, ((cs - $start) // $w)::BIGINT AS b0, ((ce - 1 - $start) // $w)::BIGINT AS b1
+      FROM c WHERE ce > cs),
+one AS (SELECT rank, stream, kind, parallelism, b0 AS bucket, sum(ce - cs) AS busy, count(*) AS n
+        FROM b WHERE b0 = b1 GROUP BY ALL),
+many AS (SELECT rank, stream, kind, parallelism, bucket,
+                sum(least(ce, $start + (bucket + 1) * $w) - greatest(cs, $start + bucket * $w))
+                  AS busy, count(*) AS n
+         FROM (SELECT *, unnest(range(b0, b1 + 1)) AS bucket FROM b WHERE b0 < b1) GROUP BY ALL)
+SELECT rank, stream, kind, parallelism, bucket, $start + bucket * $w AS s,
+       sum(busy)::BIGINT AS busy_ns, sum(n)::BIGINT AS n_events
+FROM (SELECT * FROM one UNION ALL SELECT * FROM many)
+GROUP BY ALL ORDER BY rank, stream, bucket, kind"""
+
+# Algorithm: per rank and class, +1/-1 at each start/end; a class is active while its running
+# count is > 0; its 0<->active transitions add/remove its bit; the running sum of those is the
+# set of active classes (mask) on [x, next x). Equal-label neighbours are then merged.
+_SEGMENTS = f"""WITH ev AS ({_EVENTS}),
+iv AS (SELECT rank, greatest(s, $start) AS s, least(e, $end) AS e,
+              CASE WHEN kind = 'compute' THEN 1
+                   WHEN kind = 'comm' AND parallelism = 'PP' THEN 4
+                   WHEN kind = 'comm' THEN 2 ELSE 8 END AS bit
+       FROM ev),
+p AS (SELECT rank, bit, s AS x, 1 AS d FROM iv WHERE e > s
+      UNION ALL SELECT rank, bit, e AS x, -1 AS d FROM iv WHERE e > s),
+q AS (SELECT rank, bit, x, sum(d) AS d FROM p GROUP BY ALL),
+c AS (SELECT rank, bit, x, sum(d) OVER (PARTITION BY rank, bit ORDER BY x) AS cnt FROM q),
+t AS (SELECT rank, bit, x, cnt,
+             coalesce(lag(cnt) OVER (PARTITION BY rank, bit ORDER BY x), 0) AS prev FROM c),
+m AS (SELECT rank, x, sum(CASE WHEN prev = 0 AND cnt > 0 THEN bit
+                               WHEN prev > 0 AND cnt = 0 THEN -bit ELSE 0 END) AS d
+      FROM t GROUP BY rank, x),
+seg AS (SELECT rank, x AS s, lead(x) OVER (PARTITION BY rank ORDER BY x) AS e,
+               sum(d) OVER (PARTITION BY rank ORDER BY x) AS mask FROM m),
+lab AS (SELECT rank, s, e,
+               CASE WHEN mask & 1 = 0 AND mask & 6 <> 0 THEN 'exposed' END AS a,
+               CASE WHEN mask & 11 = 0 THEN 'idle' END AS b
+        FROM seg WHERE e IS NOT NULL AND e > s),
+one AS (SELECT rank, s, e, a AS label FROM lab WHERE a IS NOT NULL
+        UNION ALL SELECT rank, s, e, b FROM lab WHERE b IS NOT NULL),
+isl AS (SELECT *, sum(CASE WHEN s = prev_e THEN 0 ELSE 1 END)
+                    OVER (PARTITION BY rank, label ORDER BY s) AS island
+        FROM (SELECT *, lag(e) OVER (PARTITION BY rank, label ORDER BY s) AS prev_e FROM one))
+SELECT rank, label, min(s) AS s, max(e) AS e FROM isl GROUP BY rank, label, island
+HAVING max(e) - min(s) >= $min_ns ORDER BY rank, s"""
+
+
+@dataclass(frozen=True)
+class Extent:
+    """What every window query needs to know about the run, computed once.
+
+    Attributes:
+        t0_ns: origin of the relative time axis: the earliest step start on the job clock
+            (the earliest activity when the run has no steps).
+        t1_ns: the latest step end (or activity end) on the job clock.
+        min_off_ns / max_off_ns: range of the ranks' clock offsets (for the raw-time prefilter).
+        max_dur_ns: the longest activity event (so a window never misses one that started early).
+    """
+
+    t0_ns: int
+    t1_ns: int
+    min_off_ns: int
+    max_off_ns: int
+    max_dur_ns: int
+
+
+@dataclass(frozen=True)
+class Window:
+    """The visible window: raw events (`mode == "events"`) or buckets (`mode == "buckets"`)."""
+
+    start_ns: int
+    end_ns: int
+    mode: str
+    events: pl.DataFrame
+    buckets: pl.DataFrame
+    bucket_ns: int
+    segments: pl.DataFrame
+    n_lanes: int
+
+
+def extent(con: duckdb.DuckDBPyConnection) -> Extent:
+    """Time range of the run on the job clock and the facts the window prefilter needs."""
+    row = con.execute(
+        """WITH r AS (SELECT rank, coalesce(clock_offset_ns, 0) AS off FROM ranks)
+        SELECT min(s.start_ns + r.off), max(s.end_ns + r.off),
+               (SELECT min(off) FROM r), (SELECT max(off) FROM r)
+        FROM steps s JOIN r USING (rank)"""
+    ).fetchall()[0]
+    stats = con.execute(
+        "SELECT min(ats_ns), max(aend_ns), max(dur_ns) FROM events_aligned "
+        "WHERE kind IN ('compute', 'comm', 'memcpy', 'memset')"
+    ).fetchall()[0]
+    t0 = row[0] if row[0] is not None else stats[0]
+    t1 = row[1] if row[1] is not None else stats[1]
+    return Extent(
+        t0_ns=int(t0 or 0),
+        t1_ns=int(t1 or 0),
+        min_off_ns=int(row[2] or 0),
+        max_off_ns=int(row[3] or 0),
+        max_dur_ns=int(stats[2] or 0),
+    )
+
+
+def step_windows(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """Each step's window W per rank on the job clock: rank, step, start_ns, end_ns."""
+    return query_pl(
+        con,
+        """SELECT s.rank, s.step, s.start_ns + coalesce(r.clock_offset_ns, 0) AS start_ns,
+                  s.end_ns + coalesce(r.clock_offset_ns, 0) AS end_ns
+           FROM steps s JOIN ranks r USING (rank) ORDER BY s.step, s.rank""",
+    )
+
+
+def _query(con: duckdb.DuckDBPyConnection, sql: str, params: Params) -> pl.DataFrame:
+    df = pl.from_arrow(con.sql(sql, params=params).to_arrow_table())
+    assert isinstance(df, pl.DataFrame)
+    return df
+
+
+def _params(ext: Extent, start_ns: int, end_ns: int, ranks: list[int] | None) -> Params:
+    return {
+        "start": start_ns,
+        "end": end_ns,
+        "lo": start_ns - ext.max_off_ns - ext.max_dur_ns - 1,
+        "hi": end_ns - ext.min_off_ns + 1,
+        "ranks": ranks,
+    }
+
+
+@dataclass(frozen=True)
+class Overview:
+    """Busy time of the whole run [t0, t1) in fixed buckets, computed once per run, so a
+    zoomed-out window is re-aggregated from it instead of scanning every event again."""
+
+    start_ns: int
+    end_ns: int
+    bucket_ns: int
+    buckets: pl.DataFrame
+
+
+def overview(con: duckdb.DuckDBPyConnection, ext: Extent, n_buckets: int = 4096) -> Overview:
+    """The run's busy time per (rank, stream, kind, parallelism) in `n_buckets` buckets."""
+    start, end = ext.t0_ns, max(ext.t1_ns, ext.t0_ns + 1)
+    width = max(1, -(-(end - start) // n_buckets))
+    buckets = _query(con, _BUCKETS, {**_params(ext, start, end, None), "w": width})
+    return Overview(start, end, width, buckets)
+
+
+def window(
+    con: duckdb.DuckDBPyConnection,
+    ext: Extent,
+    start_ns: int,
+    end_ns: int,
+    ranks: list[int] | None = None,
+    *,
+    base: Overview | None = None,
+    max_events: int = 4000,
+    max_cells: int = 12000,
+    min_segment_frac: float = 0.001,
+) -> Window:
+    """Device activity in [start_ns, end_ns) on the job clock, for `ranks` (None: all).
+
+    Returns the raw events when there are at most `max_events`, else busy time per
+    (rank, stream, kind, parallelism, bucket) with about `max_cells` lane-buckets in all;
+    from `base` when its buckets are fine enough for the window (each base bucket counts in
+    the window bucket holding its start, so the edges are exact to one base bucket).
+    Exposed/idle segments (at least `min_segment_frac` of the window) come with raw events.
+    """
+    end_ns = max(end_ns, start_ns + 1)
+    p = _params(ext, start_ns, end_ns, ranks)
+    events = _query(con, _EVENTS + f"\nLIMIT {int(max_events) + 1}", p)
+    if events.height <= max_events:
+        min_ns = int((end_ns - start_ns) * min_segment_frac)
+        segs = _query(con, _SEGMENTS, {**p, "min_ns": min_ns})
+        lanes = events.select("rank", "stream").unique().height
+        ev = events.sort("rank", "stream", "s")
+        return Window(start_ns, end_ns, "events", ev, pl.DataFrame(), 0, segs, lanes)
+    coarse = base.buckets if base is not None else None
+    if coarse is not None and ranks:
+        coarse = coarse.filter(pl.col("rank").is_in(ranks))
+    n_lanes = (
+        coarse.select("rank", "stream").unique().height
+        if coarse is not None
+        else _count_lanes(con, p)
+    )
+    n_buckets = max(20, min(400, max_cells // max(n_lanes, 1)))
+    width = max(1, -(-(end_ns - start_ns) // n_buckets))
+    if (
+        base is not None
+        and coarse is not None
+        and width >= 4 * base.bucket_ns
+        and start_ns >= base.start_ns
+        and end_ns <= base.end_ns
+    ):
+        buckets = _rebucket(coarse, base.bucket_ns, start_ns, end_ns, width)
+    else:
+        buckets = _query(con, _BUCKETS, {**p, "w": width})
+    empty = events.clear()
+    return Window(start_ns, end_ns, "buckets", empty, buckets, width, pl.DataFrame(), n_lanes)
+
+
+def _rebucket(coarse: pl.DataFrame, base_w: int, start: int, end: int, w: int) -> pl.DataFrame:
+    keys = ["rank", "stream", "kind", "parallelism"]
+    return (
+        coarse.filter((pl.col("s") + base_w > start) & (pl.col("s") < end))
+        .with_columns(((pl.max_horizontal(pl.col("s"), pl.lit(start)) - start) // w).alias("b"))
+        .group_by(*keys, "b")
+        .agg(pl.col("busy_ns").sum(), pl.col("n_events").sum())
+        .select(
+            *keys,
+            pl.col("b").cast(pl.Int64).alias("bucket"),
+            (start + pl.col("b") * w).cast(pl.Int64).alias("s"),
+            "busy_ns",
+            "n_events",
+        )
+        .sort("rank", "stream", "bucket", "kind")
+    )
+
+
+def _count_lanes(con: duckdb.DuckDBPyConnection, p: Params) -> int:
+    sql = f"WITH ev AS ({_EVENTS}) SELECT count(*) AS n FROM (SELECT DISTINCT rank, stream FROM ev)"
+    return int(_query(con, sql, p)["n"][0])
+
+
+def instance(con: duckdb.DuckDBPyConnection, rank: int, stream: int, ts_ns: int) -> pl.DataFrame:
+    """Every rank's part of the collective instance the event (rank, stream, raw start) is in.
+
+    Columns: instance_id, rank, op, pg_name, parallelism, status, bytes, stream, and on the job
+    clock arrive_ns, start_ns, end_ns. Empty when the event is no matched collective.
+    """
+    return _query(
+        con,
+        """WITH i AS (SELECT instance_id FROM collectives
+                      WHERE rank = $rank AND stream = $stream AND ts_ns = $ts
+                        AND instance_id IS NOT NULL LIMIT 1),
+           g AS (SELECT pg_name, any_value(parallelism) AS parallelism
+                 FROM process_groups GROUP BY pg_name)
+        SELECT c.instance_id, c.rank, c.op, c.pg_name, g.parallelism, c.status, c.bytes,
+               c.stream, c.aarrive_ns AS arrive_ns, c.ats_ns AS start_ns, c.aend_ns AS end_ns
+        FROM collectives_aligned c JOIN i USING (instance_id) LEFT JOIN g USING (pg_name)
+        ORDER BY c.rank""",
+        {"rank": rank, "stream": stream, "ts": ts_ns},
+    )

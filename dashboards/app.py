@@ -1,0 +1,78 @@
+"""The Dash app factory: `create_app(db_path)` builds a multi-page dashboard over one run.
+
+Why a factory with explicit page registration (not a scanned pages folder): nothing is read at
+import time, each app carries its own run (several can live in one process, as in the tests),
+and each page's callbacks are bound to the app that serves them.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+import dash
+from dash import html
+from ranklens.dashboards import components
+from ranklens.dashboards.data import CONFIG_KEY, RunData, current
+from ranklens.dashboards.pages import (
+    communication,
+    contention,
+    findings,
+    overview,
+    pipeline,
+    sql,
+    timeline,
+)
+
+PAGES: tuple[ModuleType, ...] = (
+    overview,
+    timeline,
+    pipeline,
+    communication,
+    contention,
+    findings,
+    sql,
+)
+
+
+def create_app(db_path: str | os.PathLike[str], *, data: RunData | None = None) -> dash.Dash:
+    """A Dash app over the ranklens database at `db_path` (opened read-only, sandboxed)."""
+    run = data if data is not None else RunData(db_path)
+    app = dash.Dash(
+        __name__,
+        use_pages=True,
+        pages_folder="",
+        title="ranklens",
+        suppress_callback_exceptions=True,
+        update_title=None,  # type: ignore[arg-type]  # None: keep the tab title
+    )
+    app.server.config[CONFIG_KEY] = run
+    for page in PAGES:
+        page.register(app)
+    app.layout = _layout
+    return app
+
+
+def _layout() -> html.Div:
+    """The frame around every page: the run it shows and the page links."""
+    facts = current().report().facts
+    steps = facts.get("steps") or []
+    about = (
+        f"{os.path.basename(current().db_path)} · {len(facts.get('ranks') or [])} ranks · "
+        f"{len(steps)} steps"
+        + (f" · missing ranks {facts['missing_ranks']}" if facts.get("missing_ranks") else "")
+        + (f" · {', '.join(facts['devices'])}" if facts.get("devices") else "")
+    )
+    return html.Div(
+        [
+            html.Div(
+                [
+                    html.B("ranklens", style={"fontSize": "20px", "marginRight": "14px"}),
+                    html.Span(about, id="run-about", style={"color": "#555"}),
+                ],
+            ),
+            components.nav(),
+            dash.page_container,
+        ],
+        style={"fontFamily": "system-ui, sans-serif", "margin": "0 16px", "background": "#fafafa"},
+    )

@@ -1,0 +1,178 @@
+"""Small layout pieces shared by the pages: URL parameters, tables, messages, links.
+
+Why here: every page parses the same deep-link parameters (rank, step, window) the same way,
+and says "not available" the same way when its analysis is missing for a run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+import dash
+import polars as pl
+from dash import dcc, html
+from ranklens.dashboards.figures import MS
+
+PAGES: tuple[tuple[str, str], ...] = (
+    ("/", "Overview"),
+    ("/timeline", "Timeline"),
+    ("/pipeline", "Pipeline"),
+    ("/communication", "Communication"),
+    ("/contention", "Contention & stragglers"),
+    ("/findings", "Findings"),
+    ("/sql", "SQL"),
+)
+
+CARD = {
+    "border": "1px solid #ddd",
+    "borderRadius": "6px",
+    "padding": "10px 14px",
+    "margin": "8px 0",
+    "background": "white",
+}
+
+# A flex item that may shrink below its graph's initial width, so two graphs share a row.
+CELL = {"flex": "1 1 480px", "minWidth": "0"}
+
+
+def register_page(module: str, **kwargs: Any) -> None:
+    """dash.register_page, typed (pages call it from their `register(app)`)."""
+    dash.register_page(module, **kwargs)  # type: ignore[no-untyped-call]
+
+
+def nav() -> html.Nav:
+    """The page links, always on top."""
+    return html.Nav(
+        [dcc.Link(label, href=path, style={"marginRight": "18px"}) for path, label in PAGES],
+        style={"padding": "8px 0", "borderBottom": "1px solid #ddd", "marginBottom": "8px"},
+    )
+
+
+def parse_int(value: Any) -> int | None:
+    """An int from a URL parameter, or None when absent or malformed."""
+    if value is None or value == "":
+        return None
+    try:
+        return int(str(value).split(",")[0])
+    except ValueError:
+        return None
+
+
+def parse_ints(value: Any) -> list[int] | None:
+    """A comma-separated list of ints (`rank=1,3`), or None."""
+    if value is None or value == "":
+        return None
+    items = [str(v) for v in value] if isinstance(value, list) else str(value).split(",")
+    out = []
+    for item in items:
+        try:
+            out.append(int(item))
+        except ValueError:
+            continue
+    return out or None
+
+
+def parse_float(value: Any) -> float | None:
+    """A float from a URL parameter, or None."""
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def unavailable(name: str, why: str | None) -> html.Div:
+    """What a page shows when its analysis has no result for this run."""
+    return html.Div(
+        [
+            html.Strong(f"The {name} analysis is not available for this run."),
+            html.Div(why or "", style={"color": "#666"}),
+        ],
+        className="ranklens-unavailable",
+        style={**CARD, "background": "#fff8e6"},
+    )
+
+
+def title(text: str, subtitle: str = "") -> html.Div:
+    return html.Div(
+        [html.H2(text, style={"margin": "4px 0"}), html.Div(subtitle, style={"color": "#555"})]
+    )
+
+
+def table(df: pl.DataFrame, id_: str, max_rows: int = 200) -> html.Div:
+    """A polars frame as a plain HTML table (scrolling); ns columns shown in ms."""
+    shown = df.with_columns(
+        [
+            (pl.col(c) / MS).round(3).alias(c.removesuffix("_ns") + "_ms")
+            for c, t in df.schema.items()
+            if c.endswith("_ns") and t.is_numeric() and not c.endswith(("start_ns", "end_ns"))
+        ]
+    )
+    shown = shown.select(
+        [c for c in shown.columns if not (c.endswith("_ns") and f"{c[:-3]}_ms" in shown.columns)]
+    )
+    head = html.Thead(html.Tr([html.Th(c, style=_CELL) for c in shown.columns]))
+    body = html.Tbody(
+        [
+            html.Tr([html.Td(_fmt(v), style=_CELL, **_data_column(c)) for c, v in row.items()])
+            for row in shown.head(max_rows).iter_rows(named=True)
+        ]
+    )
+    note = (
+        f"{max_rows} of {shown.height} rows shown"
+        if shown.height > max_rows
+        else f"{shown.height} rows"
+    )
+    return html.Div(
+        [
+            html.Table([head, body], id=id_, style={"borderCollapse": "collapse"}),
+            html.Div(note, style={"color": "#777", "fontSize": "12px"}),
+        ],
+        style={"overflow": "auto", "maxHeight": "480px", "background": "white"},
+    )
+
+
+_CELL = {
+    "fontFamily": "monospace",
+    "fontSize": "12px",
+    "padding": "2px 8px",
+    "borderBottom": "1px solid #eee",
+    "textAlign": "left",
+    "whiteSpace": "nowrap",
+    "maxWidth": "480px",
+    "overflow": "hidden",
+    "textOverflow": "ellipsis",
+}
+
+
+def _data_column(name: str) -> Any:
+    """`data-column` on a cell, so tests and users' scripts can address columns by name."""
+    return {"data-column": name}
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def timeline_href(
+    ranks: list[int] | tuple[int, ...] | None = None,
+    step: int | None = None,
+    start_ms: float | None = None,
+    end_ms: float | None = None,
+) -> str:
+    """A deep link into the timeline: ranks, step, window in ms since the run's origin."""
+    q: dict[str, str] = {}
+    if ranks:
+        q["rank"] = ",".join(str(r) for r in ranks)
+    if step is not None:
+        q["step"] = str(step)
+    if start_ms is not None and end_ms is not None:
+        q["start"] = f"{start_ms:.3f}"
+        q["end"] = f"{end_ms:.3f}"
+    return "/timeline" + ("?" + urlencode(q, safe=",") if q else "")

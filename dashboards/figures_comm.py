@@ -1,0 +1,218 @@
+"""Pure figure builders for communication, bandwidth, stragglers and contention.
+
+Why together: they all read the tables of the communication-side analyses (overlap,
+stragglers, collectives, contention); only unit conversion and summing a table's ns column
+over its rows (labelled as totals) happen here.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import polars as pl
+from ranklens.dashboards.figures import MS, PAR_COLORS, empty, styled
+
+
+def comm_by_op(by_group: pl.DataFrame) -> go.Figure:
+    """Hidden vs exposed communication per parallelism and op, summed over the given rows
+    (overlap.tables["by_group"], already filtered to the ranks/steps shown)."""
+    if by_group.is_empty():
+        return empty("no communication in this run")
+    agg = (
+        by_group.with_columns(
+            (pl.col("parallelism").fill_null("UNKNOWN") + " " + pl.col("coll_op")).alias("key")
+        )
+        .group_by("key")
+        .agg(pl.col("hidden_ns").sum(), pl.col("exposed_ns").sum())
+        .sort("key")
+    )
+    fig = go.Figure(
+        [
+            go.Bar(
+                x=agg["key"].to_list(),
+                y=(agg["exposed_ns"] / MS).to_list(),
+                name="exposed",
+                marker_color="#E45756",
+            ),
+            go.Bar(
+                x=agg["key"].to_list(),
+                y=(agg["hidden_ns"] / MS).to_list(),
+                name="hidden under compute",
+                marker_color="#72B7B2",
+            ),
+        ]
+    )
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(title="ms (total over the rows shown)")
+    return styled(fig, "Communication per parallelism and op: exposed vs hidden")
+
+
+def exposed_share(by_par: pl.DataFrame, step: int) -> go.Figure:
+    """Exposed communication share of the step per rank and parallelism (overlap.by_parallelism)."""
+    part = by_par.filter(pl.col("step") == step)
+    if part.is_empty():
+        return empty(f"no communication in step {step}")
+    fig = go.Figure()
+    for p in sorted(part["parallelism"].unique().to_list()):
+        rows = part.filter(pl.col("parallelism") == p).sort("rank")
+        fig.add_trace(
+            go.Bar(
+                x=[f"r{r}" for r in rows["rank"].to_list()],
+                y=(rows["exposed_share"].fill_null(0) * 100).to_list(),
+                name=p,
+                marker_color=PAR_COLORS.get(p, PAR_COLORS["OTHER"]),
+            )
+        )
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title="% of the step exposed")
+    return styled(fig, f"Exposed communication share per parallelism, step {step}")
+
+
+def wait_transfer(by_rank: pl.DataFrame) -> go.Figure:
+    """Exposed communication split into waiting for late ranks vs moving data (stragglers)."""
+    if by_rank.is_empty():
+        return empty("no matched collectives")
+    x = [f"r{r}" for r in by_rank["rank"].to_list()]
+    fig = go.Figure(
+        [
+            go.Bar(
+                x=x,
+                y=(by_rank["exposed_wait_ns"] / MS).to_list(),
+                name="wait",
+                marker_color="#E45756",
+            ),
+            go.Bar(
+                x=x,
+                y=(by_rank["exposed_transfer_ns"] / MS).to_list(),
+                name="transfer",
+                marker_color="#4C78A8",
+            ),
+        ]
+    )
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(title="exposed communication (ms, all steps)")
+    return styled(fig, "Exposed communication: waiting vs transferring")
+
+
+def busbw(table: pl.DataFrame) -> go.Figure:
+    """Bus bandwidth vs message size per op and group, against the link peak (collectives)."""
+    rows = table.filter(pl.col("busbw_gbps").is_not_null() & pl.col("bytes").is_not_null())
+    if rows.is_empty():
+        return empty("no bandwidth: sizes unknown (CPU/gloo traces carry no element type)")
+    fig = go.Figure()
+    for key, part in rows.group_by("parallelism", "op", maintain_order=True):
+        par, op = key
+        fig.add_trace(
+            go.Scatter(
+                x=part["bytes"].to_list(),
+                y=part["busbw_gbps"].to_list(),
+                mode="markers",
+                name=f"{par} {op}",
+                marker={
+                    "size": 9,
+                    "color": PAR_COLORS.get(str(par), PAR_COLORS["OTHER"]),
+                    "symbol": _SYMBOLS.get(str(op), "circle"),
+                },
+                customdata=list(
+                    zip(part["instances"].to_list(), part["link"].to_list(), strict=True)
+                ),
+                hovertemplate="%{x:.3s}B: %{y:.1f} GB/s busbw, %{customdata[0]} instances, "
+                "%{customdata[1]}<extra></extra>",
+            )
+        )
+    peaks = rows.filter(pl.col("peak_gbps").is_not_null()).select("link", "peak_gbps").unique()
+    for link, peak in peaks.rows():
+        fig.add_hline(
+            y=peak,
+            line_dash="dash",
+            line_color="#555",
+            annotation_text=f"{link} peak {peak:.0f} GB/s",
+        )
+    fig.update_xaxes(type="log", title="message size (bytes, full array)")
+    fig.update_yaxes(title="bus bandwidth (GB/s)", rangemode="tozero")
+    return styled(fig, "Collective bandwidth: busbw vs size")
+
+
+_SYMBOLS = {
+    "all_reduce": "circle",
+    "all_gather": "square",
+    "reduce_scatter": "diamond",
+    "all_to_all": "x",
+    "broadcast": "triangle-up",
+    "p2p": "star",
+}
+
+
+def late_ranks(by_rank: pl.DataFrame) -> go.Figure:
+    """Per rank: the wait it caused others (late) vs its own wait for others (stragglers)."""
+    if by_rank.is_empty():
+        return empty("no matched collectives")
+    x = [f"r{r}" for r in by_rank["rank"].to_list()]
+    fig = go.Figure(
+        [
+            go.Bar(
+                x=x,
+                y=(by_rank["caused_wait_ns"] / MS).to_list(),
+                name="others waited for it",
+                marker_color="#E45756",
+                customdata=by_rank["late_count"].to_list(),
+                hovertemplate="%{x}: %{y:.2f} ms caused, late in %{customdata} "
+                "collectives<extra></extra>",
+            ),
+            go.Bar(
+                x=x,
+                y=(by_rank["waited_ns"] / MS).to_list(),
+                name="it waited for others",
+                marker_color="#A0A0A0",
+            ),
+        ]
+    )
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title="ms, all steps")
+    return styled(fig, "Late ranks and the wait they cause")
+
+
+def skew(by_instance: pl.DataFrame, top: int = 400) -> go.Figure:
+    """Arrival skew of each matched collective, coloured by the rank that arrived last."""
+    if by_instance.is_empty():
+        return empty("no matched collectives")
+    rows = by_instance.sort("skew_ns", descending=True).head(top).sort("instance_id")
+    fig = go.Figure()
+    for (late,), part in rows.group_by("late_rank", maintain_order=True):
+        fig.add_trace(
+            go.Scatter(
+                x=part["instance_id"].to_list(),
+                y=(part["skew_ns"] / MS).to_list(),
+                mode="markers",
+                name="no late rank" if late is None else f"late: rank {late}",
+                customdata=list(
+                    zip(
+                        part["op"].to_list(),
+                        part["parallelism"].to_list(),
+                        part["step"].to_list(),
+                        strict=True,
+                    )
+                ),
+                hovertemplate="instance %{x}: %{customdata[1]} %{customdata[0]} step "
+                "%{customdata[2]}, skew %{y:.2f} ms<extra></extra>",
+            )
+        )
+    fig.update_xaxes(title="collective instance")
+    fig.update_yaxes(title="arrival skew (ms)", rangemode="tozero")
+    return styled(fig, "Arrival skew per collective")
+
+
+def imbalance(by_rank: pl.DataFrame) -> go.Figure:
+    """Compute per step vs the median of its peers, per rank (stragglers.compute_imbalance)."""
+    rows = by_rank.filter(pl.col("compute_imbalance").is_not_null())
+    if rows.is_empty():
+        return empty("no compute imbalance measured")
+    vals = (rows["compute_imbalance"] * 100).to_list()
+    fig = go.Figure(
+        go.Bar(
+            x=[f"r{r}" for r in rows["rank"].to_list()],
+            y=vals,
+            marker_color=["#E45756" if v > 0 else "#4C78A8" for v in vals],
+        )
+    )
+    fig.update_yaxes(title="% vs peers' median")
+    return styled(fig, "Compute imbalance per rank")

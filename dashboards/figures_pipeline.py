@@ -1,0 +1,125 @@
+"""Pure figure builders for the pipeline page (pipeline analysis tables in, figures out).
+
+Why the step window is drawn under the blocks: a bubble is the part of a stage's window with
+no micro-batch block, so shading the window and drawing the blocks on top shows the bubbles
+exactly where the analysis counts them, without the dashboard computing any gap itself.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import polars as pl
+from ranklens.dashboards.figures import MS, empty, styled
+
+PHASE_COLORS: dict[str, str] = {
+    "F": "#4C78A8",
+    "B": "#54A24B",
+    "W": "#B279A2",
+    "FB": "#72B7B2",
+    "BF": "#72B7B2",
+}
+
+
+def gantt(blocks: pl.DataFrame, windows: pl.DataFrame, t0_ns: int, title: str) -> go.Figure:
+    """Stage x time: each stage's step window (grey: bubble wherever no block covers it) and
+    its F/B/W micro-batch blocks, labelled with the micro-batch index.
+
+    Args:
+        blocks: pipeline.tables["blocks"] rows of one pipeline and step (job clock).
+        windows: rank, stage, start_ns, end_ns of the same step (job clock).
+        t0_ns: origin of the time axis.
+    """
+    if blocks.is_empty():
+        return empty("no micro-batch blocks found for this step")
+    stages = windows.sort("stage")
+    labels = {
+        int(r["stage"]): f"stage {r['stage']} (rank {r['rank']})"
+        for r in stages.iter_rows(named=True)
+    }
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(
+            orientation="h",
+            base=((stages["start_ns"] - t0_ns) / MS).to_list(),
+            x=((stages["end_ns"] - stages["start_ns"]) / MS).to_list(),
+            y=[labels[int(s)] for s in stages["stage"].to_list()],
+            width=0.9,
+            name="bubble (step window not in a block)",
+            marker={"color": "rgba(200,200,200,0.6)", "line": {"width": 0}},
+            hovertemplate="step window %{x:.2f} ms<extra></extra>",
+        )
+    )
+    for phase in sorted(blocks["phase"].unique().to_list()):
+        part = blocks.filter(pl.col("phase") == phase)
+        mbs = ["" if m is None else str(m) for m in part["mb"].to_list()]
+        fig.add_trace(
+            go.Bar(
+                orientation="h",
+                base=((part["start_ns"] - t0_ns) / MS).to_list(),
+                x=(part["dur_ns"] / MS).to_list(),
+                y=[labels.get(int(s), f"stage {s}") for s in part["stage"].to_list()],
+                width=0.7,
+                name=phase,
+                text=[f"{phase}{m}" for m in mbs],
+                textposition="inside",
+                insidetextanchor="middle",
+                marker={
+                    "color": PHASE_COLORS.get(phase, "#888"),
+                    "line": {"color": "white", "width": 1},
+                },
+                hovertemplate=f"{phase}" + "%{text} %{x:.2f} ms<extra></extra>",
+            )
+        )
+    fig.update_layout(barmode="overlay")
+    fig.update_xaxes(title="time since run start (ms, job clock)")
+    fig.update_yaxes(autorange="reversed", title="")
+    return styled(fig, title, height=140 + 60 * len(labels))
+
+
+def bubble_by_stage(stages: pl.DataFrame) -> go.Figure:
+    """Measured bubble fraction per stage next to the schedule's closed form (stages table)."""
+    if stages.is_empty():
+        return empty("no pipeline stages")
+    x = [f"stage {s}" for s in stages["stage"].to_list()]
+    fig = go.Figure(
+        [
+            go.Bar(
+                x=x,
+                y=stages["bubble_fraction"].to_list(),
+                name="measured",
+                marker_color="#E45756",
+                texttemplate="%{y:.3f}",
+                textposition="outside",
+            ),
+            go.Bar(
+                x=x,
+                y=stages["closed_form"].to_list(),
+                name="closed form",
+                marker_color="#A0A0A0",
+                texttemplate="%{y:.3f}",
+                textposition="outside",
+            ),
+        ]
+    )
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title="bubble / (bubble + work)", range=[0, 1.05])
+    return styled(fig, "Bubble fraction per stage: measured vs closed form (all steps)")
+
+
+def bubble_phases(stages: pl.DataFrame) -> go.Figure:
+    """Where each stage's bubble sits: warm-up, steady state, cool-down (ms over all steps)."""
+    if stages.is_empty():
+        return empty("no pipeline stages")
+    x = [f"stage {s}" for s in stages["stage"].to_list()]
+    fig = go.Figure()
+    for col, name, color in (
+        ("warmup_bubble_ns", "warm-up", "#FF9DA6"),
+        ("steady_bubble_ns", "steady state", "#E45756"),
+        ("cooldown_bubble_ns", "cool-down", "#9D755D"),
+    ):
+        fig.add_trace(
+            go.Bar(x=x, y=(stages[col].fill_null(0) / MS).to_list(), name=name, marker_color=color)
+        )
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(title="bubble (ms, all steps)")
+    return styled(fig, "Bubble by phase")

@@ -1,0 +1,128 @@
+"""Findings: every finding of every analysis, ranked by time at stake, with evidence and fix.
+
+Why a page of its own: this is the "what do I change" answer; each finding links to the
+timeline window that shows it so the user can see the evidence. Deep link: `/findings?code=X`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import dash
+from dash import dcc, html
+from ranklens.analysis import Finding
+from ranklens.dashboards import components as ui
+from ranklens.dashboards.data import RunData, current
+from ranklens.dashboards.figures import MS
+from ranklens.dashboards.pages.timeline import all_ranks, all_steps, step_window
+
+PATH = "/findings"
+_SEVERITY_COLORS = {"critical": "#B00020", "warning": "#E45756", "info": "#4C78A8"}
+
+
+def register(app: dash.Dash) -> None:
+    """Add the page to `app`."""
+    ui.register_page(
+        __name__, path=PATH, name="Findings", title="ranklens · findings", layout=layout
+    )
+
+
+def timeline_link(data: RunData, f: Finding) -> str:
+    """The timeline window that shows a finding: its window, else its (or the first) step."""
+    t0 = data.extent().t0_ns
+    many = len(all_ranks(data)) > 16
+    ranks = list(f.ranks) if many and f.ranks else None
+    if f.window_ns is not None:
+        s, e = f.window_ns
+        return ui.timeline_href(ranks, None, (s - t0) / MS, (e - t0) / MS)
+    steps = list(f.steps) or all_steps(data)[:1]
+    if not steps:
+        return ui.timeline_href(ranks)
+    w = step_window(data, steps[0], ranks)
+    if w is None:
+        return ui.timeline_href(ranks, steps[0])
+    return ui.timeline_href(ranks, steps[0], (w[0] - t0) / MS, (w[1] - t0) / MS)
+
+
+def card(data: RunData, i: int, f: Finding) -> html.Div:
+    """One finding: rank in the list, cost, message, fix, evidence, link to the timeline."""
+    sev = f.severity.value
+    facts = []
+    if f.ranks:
+        facts.append(
+            f"ranks {', '.join(map(str, f.ranks[:32]))}{' ...' if len(f.ranks) > 32 else ''}"
+        )
+    if f.steps:
+        facts.append(f"steps {', '.join(map(str, f.steps))}")
+    if f.value is not None:
+        facts.append(
+            f"value {f.value:.4g}"
+            + (f" (threshold {f.threshold:.4g})" if f.threshold is not None else "")
+        )
+    return html.Div(
+        [
+            html.Div(
+                [
+                    html.Span(f"#{i} ", style={"fontWeight": "bold"}),
+                    html.Span(
+                        sev,
+                        style={
+                            "color": "white",
+                            "background": _SEVERITY_COLORS[sev],
+                            "padding": "1px 6px",
+                            "borderRadius": "4px",
+                        },
+                    ),
+                    html.B(f" {f.code}", className="finding-code"),
+                    html.Span(
+                        f" · {f.time_at_stake_ns / MS:.2f} ms per step at stake",
+                        className="finding-stake",
+                    ),
+                ]
+            ),
+            html.Div(f.message, className="finding-message", style={"margin": "4px 0"}),
+            html.Div([html.B("Fix: "), f.fix], className="finding-fix"),
+            html.Div(" · ".join(facts), style={"color": "#555", "fontSize": "13px"}),
+            html.Details(
+                [html.Summary("evidence"), html.Pre(json.dumps(f.evidence, indent=1, default=str))]
+            )
+            if f.evidence
+            else None,
+            dcc.Link(
+                "show in the timeline →",
+                href=timeline_link(data, f),
+                className="finding-timeline-link",
+            ),
+        ],
+        className="finding",
+        style=ui.CARD,
+    )
+
+
+def layout(code: Any = None, **_: Any) -> html.Div:
+    """All findings, most costly first; `code` keeps only findings with that code."""
+    data = current()
+    findings = list(data.report().findings)
+    if code:
+        findings = [f for f in findings if f.code == code]
+    missing = [
+        n
+        for n in ("breakdown", "overlap", "stragglers", "collectives", "pipeline", "contention")
+        if data.error(n)
+    ]
+    return html.Div(
+        [
+            ui.title(
+                "Findings", "Ranked by the step time they put at stake; each says what to change."
+            ),
+            html.Div(f"not run: {', '.join(missing)}", style={"color": "#a60"})
+            if missing
+            else None,
+            html.Div(
+                [card(data, i, f) for i, f in enumerate(findings, 1)]
+                or [html.Div("no findings: nothing crossed a threshold", style=ui.CARD)],
+                id="findings-list",
+            ),
+        ]
+    )

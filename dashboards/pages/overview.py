@@ -1,0 +1,181 @@
+"""Overview: step time per rank, where the time went, the ranks x steps heatmap, top findings.
+
+Why first: it answers "is something wrong, where, and how much is at stake" at a glance; the
+heatmap makes a straggler or a slow stage a hot row. Deep link: `/?rank=3&step=4&metric=...`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+import plotly.graph_objects as go
+import polars as pl
+from dash import Input, Output, dcc, html
+from ranklens.dashboards import components as ui
+from ranklens.dashboards import figures
+from ranklens.dashboards.data import RunData, current
+
+PATH = "/"
+
+
+def register(app: dash.Dash) -> None:
+    """Add the page and its callbacks to `app`."""
+    ui.register_page(
+        __name__, path=PATH, name="Overview", title="ranklens · overview", layout=layout
+    )
+
+    @app.callback(
+        Output("overview-heatmap", "figure"),
+        Input("overview-metric", "value"),
+        Input("overview-focus", "data"),
+        prevent_initial_call=True,
+    )
+    def _heatmap(metric: str, focus: int | None) -> go.Figure:
+        return heatmap_figure(current(), metric, focus)
+
+    @app.callback(
+        Output("overview-share", "figure"),
+        Input("overview-step", "value"),
+        prevent_initial_call=True,
+    )
+    def _share(step: Any) -> go.Figure:
+        return share_figure(current(), ui.parse_int(step))
+
+
+def heatmap_table(data: RunData, metric: str) -> pl.DataFrame | None:
+    """The analysis table a heatmap metric comes from (None: analysis unavailable)."""
+    _, source, _ = figures.HEATMAP_METRICS[metric]
+    res = data.result(source)
+    if res is None:
+        return None
+    return res.table if source == "breakdown" else res.tables.get("by_step")
+
+
+def heatmap_figure(data: RunData, metric: str, focus: int | None) -> go.Figure:
+    if metric not in figures.HEATMAP_METRICS:
+        metric = "compute_ns"
+    table = heatmap_table(data, metric)
+    if table is None:
+        return figures.empty(f"the {figures.HEATMAP_METRICS[metric][1]} analysis is not available")
+    return figures.heatmap(table, metric, focus)
+
+
+def share_figure(data: RunData, step: int | None) -> go.Figure:
+    res = data.result("breakdown")
+    if res is None:
+        return figures.empty("the breakdown analysis is not available")
+    steps = res.table["step"].unique().sort().to_list()
+    if not steps:
+        return figures.empty("no steps in this run")
+    chosen: int = step if step is not None and step in steps else steps[0]
+    return figures.comm_share(res.table, res.tables["by_parallelism"], chosen)
+
+
+def layout(rank: Any = None, step: Any = None, metric: Any = None, **_: Any) -> html.Div:
+    """The overview; `rank` outlines a heatmap row, `step` picks the step of the share chart."""
+    data = current()
+    res = data.result("breakdown")
+    if res is None:
+        return html.Div(
+            [ui.title("Overview"), ui.unavailable("breakdown", data.error("breakdown"))]
+        )
+    focus = ui.parse_int(rank)
+    steps = res.table["step"].unique().sort().to_list()
+    chosen = ui.parse_int(step)
+    chosen = chosen if chosen in steps else (steps[0] if steps else None)
+    metrics = {k: v for k, v in figures.HEATMAP_METRICS.items() if data.result(v[1]) is not None}
+    metric = metric if metric in metrics else "compute_ns"
+    report = data.report()
+    graph: Any = {"displaylogo": False}
+    return html.Div(
+        [
+            ui.title("Overview", "Every rank, every step: where the time went and what it costs."),
+            dcc.Store(id="overview-focus", data=focus),
+            html.Div(
+                [
+                    html.Div(
+                        dcc.Graph(
+                            id="overview-step-time",
+                            figure=figures.step_time(res.table),
+                            config=graph,
+                        ),
+                        style=ui.CELL,
+                    ),
+                    html.Div(
+                        dcc.Graph(
+                            id="overview-split",
+                            figure=figures.time_split(res.tables["by_rank"]),
+                            config=graph,
+                        ),
+                        style=ui.CELL,
+                    ),
+                ],
+                style={"display": "flex", "flexWrap": "wrap", "gap": "8px"},
+            ),
+            html.Div(
+                [
+                    html.Div(
+                        [
+                            html.Label("Heatmap metric "),
+                            dcc.Dropdown(
+                                id="overview-metric",
+                                options=[{"label": v[0], "value": k} for k, v in metrics.items()],
+                                value=metric,
+                                clearable=False,
+                                style={"width": "320px"},
+                            ),
+                            dcc.Graph(
+                                id="overview-heatmap",
+                                config=graph,
+                                figure=heatmap_figure(data, metric, focus),
+                            ),
+                        ],
+                        style=ui.CELL,
+                    ),
+                    html.Div(
+                        [
+                            html.Label("Step "),
+                            dcc.Dropdown(
+                                id="overview-step",
+                                options=[{"label": str(s), "value": s} for s in steps],
+                                value=chosen,
+                                clearable=False,
+                                style={"width": "160px"},
+                            ),
+                            dcc.Graph(
+                                id="overview-share", config=graph, figure=share_figure(data, chosen)
+                            ),
+                        ],
+                        style=ui.CELL,
+                    ),
+                ],
+                style={"display": "flex", "flexWrap": "wrap", "gap": "8px"},
+            ),
+            html.Div(
+                [
+                    dcc.Graph(
+                        id="overview-findings-bar",
+                        config=graph,
+                        figure=figures.findings_bar(report.findings),
+                    ),
+                    html.Ul(
+                        [
+                            html.Li(
+                                [
+                                    html.B(f"{f.code} "),
+                                    html.Span(f"({f.time_at_stake_ns / figures.MS:.1f} ms/step) "),
+                                    f.message,
+                                ],
+                                className="overview-finding",
+                            )
+                            for f in report.findings[:5]
+                        ],
+                        id="overview-findings",
+                    ),
+                    dcc.Link("All findings with their fixes →", href="/findings"),
+                ],
+                style=ui.CARD,
+            ),
+        ]
+    )

@@ -1,0 +1,167 @@
+"""Pipeline: the stage x time Gantt of micro-batch blocks, bubbles, measured vs closed form.
+
+Why: a pipeline's bubble is the one loss the schedule predicts; putting the measured bubble
+next to the closed form per stage says whether to add micro-batches (the closed form is
+already large) or to fix the stages (the excess is large). Deep link: `/pipeline?step=3&group=10`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+import plotly.graph_objects as go
+import polars as pl
+from dash import Input, Output, dcc, html
+from ranklens.analysis import Result
+from ranklens.analysis import timeline as tl
+from ranklens.dashboards import components as ui
+from ranklens.dashboards import figures_pipeline as figs
+from ranklens.dashboards.data import RunData, current
+
+PATH = "/pipeline"
+
+
+def register(app: dash.Dash) -> None:
+    """Add the page and its callbacks to `app`."""
+    ui.register_page(
+        __name__, path=PATH, name="Pipeline", title="ranklens · pipeline", layout=layout
+    )
+
+    @app.callback(
+        Output("pipeline-gantt", "figure"),
+        Output("pipeline-summary", "children"),
+        Input("pipeline-group", "value"),
+        Input("pipeline-step", "value"),
+        prevent_initial_call=True,
+    )
+    def _update(group: Any, step: Any) -> tuple[go.Figure, Any]:
+        data = current()
+        res = data.result("pipeline")
+        if res is None:
+            return dash.no_update, dash.no_update
+        return gantt(data, res, str(group), ui.parse_int(step)), summary(
+            res, str(group), ui.parse_int(step)
+        )
+
+
+def gantt(data: RunData, res: Result, group: str, step: int | None) -> go.Figure:
+    blocks = res.tables["blocks"].filter((pl.col("pp_group") == group) & (pl.col("step") == step))
+    stages = res.table.filter((pl.col("pp_group") == group) & (pl.col("step") == step))
+    windows = data.cached("step_windows", tl.step_windows).filter(pl.col("step") == step)
+    windows = stages.select("rank", "stage").join(windows, on="rank", how="inner")
+    return figs.gantt(
+        blocks, windows, data.extent().t0_ns, f"Micro-batch Gantt, PP group {group}, step {step}"
+    )
+
+
+def summary(res: Result, group: str, step: int | None) -> html.Div:
+    """The schedule and the bubble numbers of one pipeline and step, as the analysis gives them."""
+    sched = res.tables["schedule"].filter((pl.col("pp_group") == group) & (pl.col("step") == step))
+    if sched.is_empty():
+        return html.Div(f"no schedule for PP group {group}, step {step}")
+    s = sched.row(0, named=True)
+
+    def num(v: Any, fmt: str = ".3f") -> str:
+        return "n/a" if v is None else format(v, fmt)
+
+    items: list[Any] = [
+        html.Span(f"{s['p']} stages", id="pipeline-stage-count"),
+        f" · m = {s['m']} micro-batches · v = {s['v']} · schedule {s['schedule']} "
+        f"({s['schedule_source']})",
+        html.Br(),
+        "bubble fraction: measured ",
+        html.B(num(s["bubble_fraction"]), id="pipeline-measured"),
+        " vs closed form ",
+        html.B(num(s["closed_form"]), id="pipeline-closed-form"),
+        f" ({s['convention']})",
+    ]
+    if s.get("excess_ns") is not None:
+        items += [
+            html.Br(),
+            f"excess bubble {s['excess_ns'] / 1e6:.2f} ms per stage: stage imbalance "
+            f"{num((s['imbalance_ns'] or 0) / 1e6, '.2f')} ms, micro-batch variance "
+            f"{num((s['microbatch_variance_ns'] or 0) / 1e6, '.2f')} ms, p2p "
+            f"{num((s['p2p_ns'] or 0) / 1e6, '.2f')} ms, block order "
+            f"{num((s['order_ns'] or 0) / 1e6, '.2f')} ms, unexplained "
+            f"{num((s['unexplained_ns'] or 0) / 1e6, '.2f')} ms ({s['decomposition']})",
+        ]
+    return html.Div(items, style=ui.CARD)
+
+
+def layout(step: Any = None, group: Any = None, **_: Any) -> html.Div:
+    """The pipeline of `group` (default: the first) at `step` (default: the first)."""
+    data = current()
+    res = data.result("pipeline")
+    head = ui.title(
+        "Pipeline", "Stage x time; grey is bubble. Measured bubble vs the schedule's closed form."
+    )
+    if res is None:
+        return html.Div([head, ui.unavailable("pipeline", data.error("pipeline"))])
+    groups = sorted(res.table["pp_group"].drop_nulls().unique().to_list())
+    if not groups:
+        return html.Div(
+            [
+                head,
+                ui.unavailable(
+                    "pipeline",
+                    "this run has no pipeline parallelism (no PP group and no p2p pattern of one)",
+                ),
+            ]
+        )
+    chosen = str(group) if group in groups else groups[0]
+    steps = sorted(res.table.filter(pl.col("pp_group") == chosen)["step"].unique().to_list())
+    step_i = ui.parse_int(step)
+    step_i = step_i if step_i in steps else (steps[0] if steps else None)
+    stages = res.tables["stages"].filter(pl.col("pp_group") == chosen)
+    sched = res.tables["schedule"].filter(pl.col("pp_group") == chosen)
+    graph: Any = {"displaylogo": False}
+    return html.Div(
+        [
+            head,
+            html.Div(
+                [
+                    html.Label("PP group "),
+                    dcc.Dropdown(
+                        id="pipeline-group",
+                        value=chosen,
+                        clearable=False,
+                        options=[{"label": g, "value": g} for g in groups],
+                        style={"width": "140px"},
+                    ),
+                    html.Label(" Step "),
+                    dcc.Dropdown(
+                        id="pipeline-step",
+                        value=step_i,
+                        clearable=False,
+                        options=[{"label": str(s), "value": s} for s in steps],
+                        style={"width": "120px"},
+                    ),
+                ],
+                style={"display": "flex", "gap": "10px", "alignItems": "center"},
+            ),
+            html.Div(summary(res, chosen, step_i), id="pipeline-summary"),
+            dcc.Graph(id="pipeline-gantt", figure=gantt(data, res, chosen, step_i), config=graph),
+            html.Div(
+                [
+                    html.Div(
+                        dcc.Graph(
+                            id="pipeline-bubbles", config=graph, figure=figs.bubble_by_stage(stages)
+                        ),
+                        style=ui.CELL,
+                    ),
+                    html.Div(
+                        dcc.Graph(
+                            id="pipeline-phases", config=graph, figure=figs.bubble_phases(stages)
+                        ),
+                        style=ui.CELL,
+                    ),
+                ],
+                style={"display": "flex", "flexWrap": "wrap", "gap": "8px"},
+            ),
+            html.H4("Per stage (all steps)"),
+            ui.table(stages, "pipeline-stages-table"),
+            html.H4("Schedule and excess-bubble decomposition per step"),
+            ui.table(sched, "pipeline-schedule-table"),
+        ]
+    )

@@ -1,0 +1,279 @@
+"""Timeline: all ranks on the aligned clock, one window at a time.
+
+Why windowed: a large run has millions of events; every pan or zoom asks analysis.timeline
+for the visible window only (events, or busy-time buckets when zoomed out), so the browser
+never receives more than a few thousand rectangles. Clicking a collective outlines the same
+instance on every rank. Deep link: `/timeline?rank=0,3&step=4&start=120.5&end=180` (ms since
+the run's origin on the job clock).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+import plotly.graph_objects as go
+import polars as pl
+from dash import Input, Output, State, ctx, dcc, html
+from ranklens.analysis import timeline as tl
+from ranklens.dashboards import components as ui
+from ranklens.dashboards.data import RunData, current
+from ranklens.dashboards.figures import MS
+from ranklens.dashboards.figures_timeline import timeline as timeline_figure
+
+PATH = "/timeline"
+_DEFAULT_RANKS = 16  # ranks shown when none are asked for (more: pick them)
+
+
+def register(app: dash.Dash) -> None:
+    """Add the page and its callbacks to `app`."""
+    ui.register_page(
+        __name__, path=PATH, name="Timeline", title="ranklens · timeline", layout=layout
+    )
+
+    @app.callback(
+        Output("timeline-graph", "figure"),
+        Output("timeline-window", "data"),
+        Output("timeline-label", "children"),
+        Output("timeline-permalink", "href"),
+        Output("timeline-instance", "children"),
+        Input("timeline-graph", "relayoutData"),
+        Input("timeline-graph", "clickData"),
+        Input("timeline-ranks", "value"),
+        Input("timeline-step", "value"),
+        Input("timeline-reset", "n_clicks"),
+        State("timeline-window", "data"),
+        prevent_initial_call=True,
+    )
+    def _update(
+        relayout: Any, click: Any, ranks: Any, step: Any, _reset: Any, win: dict[str, Any]
+    ) -> tuple[Any, ...]:
+        prop = ctx.triggered[0]["prop_id"] if ctx.triggered else ""
+        return update(current(), prop, relayout, click, ranks, step, win)
+
+
+def step_window(data: RunData, step: int, ranks: list[int] | None) -> tuple[int, int] | None:
+    """The step's window on the job clock over the chosen ranks (from the steps table)."""
+    sw = data.cached("step_windows", tl.step_windows).filter(pl.col("step") == step)
+    if ranks:
+        sw = sw.filter(pl.col("rank").is_in(ranks))
+    if sw.is_empty():
+        return None
+    return int(sw["start_ns"].min()), int(sw["end_ns"].max())
+
+
+def resolve(
+    data: RunData,
+    ranks: list[int] | None,
+    step: int | None,
+    start_ms: float | None,
+    end_ms: float | None,
+) -> tuple[int, int]:
+    """The window a deep link asks for: start/end, else the step, else the first step."""
+    ext = data.extent()
+    if start_ms is not None and end_ms is not None and end_ms > start_ms:
+        return ext.t0_ns + int(start_ms * MS), ext.t0_ns + int(end_ms * MS)
+    steps = all_steps(data)
+    if step is None and steps:
+        step = steps[0]
+    if step is not None:
+        w = step_window(data, step, ranks)
+        if w is not None:
+            return w
+    return ext.t0_ns, max(ext.t1_ns, ext.t0_ns + 1)
+
+
+def all_steps(data: RunData) -> list[int]:
+    sw = data.cached("step_windows", tl.step_windows)
+    return [int(s) for s in sw["step"].unique().sort().to_list()]
+
+
+def all_ranks(data: RunData) -> list[int]:
+    return [int(r) for r in data.report().facts.get("ranks") or []]
+
+
+def render(
+    data: RunData,
+    ranks: list[int] | None,
+    start_ns: int,
+    end_ns: int,
+    highlight: pl.DataFrame | None = None,
+) -> tuple[go.Figure, str, str]:
+    """Figure, label and permalink of one window."""
+    ext = data.extent()
+    cur = data.cursor()
+    try:
+        win = tl.window(cur, ext, start_ns, end_ns, ranks, base=data.timeline_base())
+    finally:
+        cur.close()
+    fig = timeline_figure(win, ext.t0_ns, highlight)
+    s_ms, e_ms = (start_ns - ext.t0_ns) / MS, (end_ns - ext.t0_ns) / MS
+    label = (
+        f"window {s_ms:.3f} – {e_ms:.3f} ms ({e_ms - s_ms:.3f} ms), "
+        f"{'all ranks' if not ranks else 'ranks ' + ', '.join(map(str, ranks))}, "
+        + (
+            f"{win.events.height} events"
+            if win.mode == "events"
+            else f"aggregated into {win.bucket_ns / MS:.3g} ms buckets"
+        )
+    )
+    return fig, label, ui.timeline_href(ranks, None, s_ms, e_ms)
+
+
+def update(
+    data: RunData,
+    trigger: Any,
+    relayout: Any,
+    click: Any,
+    ranks_v: Any,
+    step_v: Any,
+    win: dict[str, Any],
+) -> tuple[Any, ...]:
+    """One callback for every way the window changes (pan/zoom, ranks, step, click, reset);
+    `trigger` is the Dash prop id that fired, e.g. "timeline-graph.relayoutData"."""
+    ranks = ui.parse_ints(ranks_v)
+    start, end = int(win["start_ns"]), int(win["end_ns"])
+    highlight = None
+    info: Any = dash.no_update
+    if trigger == "timeline-graph.clickData":
+        highlight, info = instance_view(data, click)
+        if highlight is None:
+            return (dash.no_update,) * 4 + (info,)
+        # Show the whole instance on every member rank, even where it lies outside the view.
+        lo, hi = int(highlight["arrive_ns"].min()), int(highlight["end_ns"].max())  # type: ignore[arg-type]
+        pad = max((hi - lo) // 10, 1000)
+        start, end = min(start, lo - pad), max(end, hi + pad)
+        if ranks:
+            ranks = sorted(set(ranks) | set(highlight["rank"].to_list()))
+    elif trigger == "timeline-graph.relayoutData":
+        new = _relayout_window(data, relayout, start, end)
+        if new is None:
+            return (dash.no_update,) * 5
+        start, end = new
+    elif trigger == "timeline-step.value":
+        step = ui.parse_int(step_v)
+        w = step_window(data, step, ranks) if step is not None else None
+        if w is not None:
+            start, end = w
+    elif trigger == "timeline-reset.n_clicks":
+        ext = data.extent()
+        start, end = ext.t0_ns, max(ext.t1_ns, ext.t0_ns + 1)
+    fig, label, href = render(data, ranks, start, end, highlight)
+    return fig, {"start_ns": start, "end_ns": end}, label, href, info
+
+
+def _relayout_window(data: RunData, relayout: Any, start: int, end: int) -> tuple[int, int] | None:
+    if not isinstance(relayout, dict):
+        return None
+    t0 = data.extent().t0_ns
+    if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
+        lo, hi = float(relayout["xaxis.range[0]"]), float(relayout["xaxis.range[1]"])
+    elif isinstance(relayout.get("xaxis.range"), list):
+        lo, hi = (float(v) for v in relayout["xaxis.range"][:2])
+    elif relayout.get("xaxis.autorange"):
+        ext = data.extent()
+        return ext.t0_ns, max(ext.t1_ns, ext.t0_ns + 1)
+    else:
+        return None
+    new = (t0 + int(lo * MS), t0 + int(hi * MS))
+    if new[1] <= new[0] or (abs(new[0] - start) < 1000 and abs(new[1] - end) < 1000):
+        return None
+    return new
+
+
+def instance_view(data: RunData, click: Any) -> tuple[pl.DataFrame | None, Any]:
+    """The clicked event's collective instance on every rank, and a table of it."""
+    try:
+        rank, stream, rel_ns = (int(v) for v in click["points"][0]["customdata"][:3])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None, dash.no_update
+    ts_ns = data.extent().t0_ns + rel_ns  # the figure carries raw starts relative to t0
+    cur = data.cursor()
+    try:
+        inst = tl.instance(cur, rank, stream, ts_ns)
+    finally:
+        cur.close()
+    if inst.is_empty():
+        return None, html.Div(
+            "the clicked event is not part of a matched collective", id="timeline-instance-none"
+        )
+    t0 = data.extent().t0_ns
+    shown = inst.select(
+        "instance_id",
+        "rank",
+        "op",
+        "pg_name",
+        "parallelism",
+        "status",
+        "bytes",
+        *[
+            ((pl.col(c) - t0) / MS).round(3).alias(c.replace("_ns", "_ms"))
+            for c in ("arrive_ns", "start_ns", "end_ns")
+        ],
+    )
+    head = (
+        f"collective instance {inst['instance_id'][0]}: {inst['op'][0]} on "
+        f"{inst.height} ranks (outlined in the timeline)"
+    )
+    return inst, html.Div([html.B(head), ui.table(shown, "timeline-instance-table")], style=ui.CARD)
+
+
+def layout(
+    rank: Any = None, step: Any = None, start: Any = None, end: Any = None, **_: Any
+) -> html.Div:
+    """The timeline at the window the URL names (ranks, step, start/end in ms)."""
+    data = current()
+    every = all_ranks(data)
+    ranks = ui.parse_ints(rank)
+    if ranks is None and len(every) > _DEFAULT_RANKS:
+        ranks = every[:_DEFAULT_RANKS]
+    steps = all_steps(data)
+    step_i = ui.parse_int(step)
+    if step_i is None and ui.parse_float(start) is None and steps:
+        step_i = steps[0]  # resolve() opens the first step: say so in the step picker
+    s, e = resolve(data, ranks, step_i, ui.parse_float(start), ui.parse_float(end))
+    fig, label, href = render(data, ranks, s, e)
+    return html.Div(
+        [
+            ui.title(
+                "Timeline",
+                "Aligned clock; drag to zoom, double-click to see the whole run, "
+                "click a collective to see it on every rank. Red: exposed communication; "
+                "grey: idle / pipeline bubble.",
+            ),
+            html.Div(
+                [
+                    html.Label("Ranks "),
+                    dcc.Dropdown(
+                        id="timeline-ranks",
+                        multi=True,
+                        value=ranks,
+                        options=[{"label": f"rank {r}", "value": r} for r in every],
+                        placeholder="all ranks",
+                        style={"minWidth": "300px"},
+                    ),
+                    html.Label(" Step "),
+                    dcc.Dropdown(
+                        id="timeline-step",
+                        value=step_i,
+                        clearable=True,
+                        options=[{"label": str(x), "value": x} for x in steps],
+                        style={"width": "120px"},
+                    ),
+                    html.Button("Whole run", id="timeline-reset"),
+                    html.A("link to this view", id="timeline-permalink", href=href),
+                ],
+                style={"display": "flex", "gap": "10px", "alignItems": "center"},
+            ),
+            html.Div(label, id="timeline-label", style={"color": "#444", "margin": "6px 0"}),
+            dcc.Store(id="timeline-window", data={"start_ns": s, "end_ns": e}),
+            dcc.Loading(
+                dcc.Graph(
+                    id="timeline-graph",
+                    figure=fig,
+                    config={"displaylogo": False, "scrollZoom": True},
+                )
+            ),
+            html.Div(id="timeline-instance", style={"margin": "8px 0"}),
+        ]
+    )

@@ -1,0 +1,78 @@
+"""Cross-rank work after every rank is in: groups of unlabeled communication, collective
+matching, clock alignment and parallelism attribution (in that order: each needs the last).
+
+Why one entry point: the loader calls it once, and what it did is recorded in `meta` so a
+report can say how far the cross-rank numbers can be trusted.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import duckdb
+from ranklens.ingest.clock import align_clocks
+from ranklens.ingest.communicators import infer_communicators
+from ranklens.ingest.config import RunOptions
+from ranklens.ingest.gloo_groups import attribute_gloo
+from ranklens.ingest.groups import attribute
+from ranklens.ingest.matching import match_collectives
+
+
+def finish_cross_rank(con: duckdb.DuckDBPyConnection, options: RunOptions | None = None) -> None:
+    """Attribute, match, align and label; write a summary into `meta`."""
+    opts = options or RunOptions()
+    facts: dict[str, str] = {}
+    n_ranks, world = con.execute("SELECT count(*), max(world_size) FROM ranks").fetchall()[0]
+    for k, v in attribute_gloo(con).items():
+        facts[k] = str(v)
+    if n_ranks > 1 and (world is None or n_ranks >= world):
+        # Communication no trace labelled (old Kineto, Nsight): communicators from op sequences.
+        # Only with every rank present: two sampled ranks of 128 running SendRecv kernels need
+        # not talk to each other, and pairing them by order would invent collectives.
+        facts["inferred_groups"] = str(infer_communicators(con))
+        facts["inferred_groups_merged"] = str(_merge_inferred(con))
+    for status, n in match_collectives(con).items():
+        facts[f"collectives_{status}"] = str(n)
+    facts.update(align_clocks(con, opts).summary)
+    label_groups(con, opts)
+    if opts.layout is not None:
+        facts["layout"] = opts.layout.describe()
+    for key, src in opts.sources.items():
+        facts[f"option_{key}"] = src
+    con.executemany("INSERT INTO meta VALUES (?, ?)", sorted(facts.items()))
+
+
+def _merge_inferred(con: duckdb.DuckDBPyConnection) -> int:
+    """An inferred communicator whose members are exactly those of one group the traces
+    declared (pg_config) is that group: its events take the declared name."""
+    pairs = con.execute(
+        """SELECT i.pg_name, min(g.pg_name) FROM process_groups i JOIN process_groups g
+             ON list_sort(i.ranks) = list_sort(g.ranks) AND g.source <> i.source
+           WHERE i.source = 'inferred_sequence' GROUP BY i.pg_name HAVING count(*) = 1"""
+    ).fetchall()
+    for inferred, known in pairs:
+        con.execute(
+            "UPDATE events SET pg_name = ? WHERE kind = 'comm' AND pg_name = ?", [known, inferred]
+        )
+        con.execute("DELETE FROM process_groups WHERE pg_name = ?", [inferred])
+    return len(pairs)
+
+
+def label_groups(con: duckdb.DuckDBPyConnection, options: RunOptions) -> None:
+    """Set `process_groups.parallelism` and `evidence` from every kind of evidence."""
+    world = con.execute("SELECT max(world_size) FROM ranks").fetchall()[0][0]
+    ops: dict[str, dict[str, int]] = defaultdict(dict)
+    for pg, op, n in con.execute(
+        "SELECT pg_name, op, count(*) FROM collectives WHERE pg_name IS NOT NULL GROUP BY ALL"
+    ).fetchall():
+        ops[str(pg)][str(op)] = int(n)
+    rows = []
+    for pg, desc, ranks, size in con.execute(
+        "SELECT pg_name, pg_desc, ranks, size FROM process_groups"
+    ).fetchall():
+        label, why = attribute(desc, ranks, size, world, ops.get(pg, {}), options.layout)
+        rows.append([label, why, pg])
+    if rows:
+        con.executemany(
+            "UPDATE process_groups SET parallelism = ?, evidence = ? WHERE pg_name = ?", rows
+        )

@@ -1,0 +1,139 @@
+"""contention on hand-built GPU traces whose slowdowns are worked out by hand.
+
+Times in the traces are µs; tables are ns (`* US`). One rank, one step [0, 1100):
+
+stream 7 (compute), class gemm grid [128,1,1] block [256,1,1]:
+  alone      [0,100) [100,200) [200,300)                  -> T_alone = median = 100
+  overlapped [300,420) [420,560)  (AllReduce beside)       -> T_overlapped = mean = 130
+  partial    [680,780)  (AllReduce covers [680,700): 20%)  -> left out
+  slowdown = 130 / 100 - 1 = 0.30; time lost = 20 + 40 = 60
+class gemm grid [64,1,1]: only overlapped [560,600)          -> no baseline, slowdown NULL
+stream 9: AllReduce (DP group) [300,700)
+stream 20: SendRecv (PP group) alone [800,850) [850,900) [900,950) durations 50;
+           beside the AllReduce [300,380) [380,460) [460,540) durations 80
+           -> slowdown 80 / 50 - 1 = 0.6, time lost 3 * 30 = 90
+stream 11: H2D copy [1000,1100); compute (stream 7, 'attn') [1050,1100) -> hidden 50, exposed 50
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import duckdb
+import polars as pl
+import pytest
+from kineto_builder import KinetoTrace, PgConfig, cpu_trace
+from ranklens.analysis import contention
+
+US = 1000
+Ingest = Callable[..., duckdb.DuckDBPyConnection]
+BIG = {"grid": [128, 1, 1], "block": [256, 1, 1]}
+SMALL = {"grid": [64, 1, 1], "block": [256, 1, 1]}
+
+
+def _trace() -> KinetoTrace:
+    dp = PgConfig("1", [0, 1], "DATA_PARALLEL_GROUP")
+    pp = PgConfig("2", [0, 2], "PIPELINE_MODEL_PARALLEL_GROUP")
+    t = KinetoTrace(rank=0, world_size=4, pg_config=[dp, pp])
+    t.step(1, -10, 1200)
+    for s, d in ((0, 100), (100, 100), (200, 100), (300, 120), (420, 140), (680, 100)):
+        t.kernel("gemm", s, d, stream=7, args=BIG)
+    t.kernel("gemm", 560, 40, stream=7, args=SMALL)
+    t.nccl("AllReduce", 300, 400, stream=9, coll="allreduce", pg_name="1", group_size=2)
+    for s, d in ((800, 50), (850, 50), (900, 50), (300, 80), (380, 80), (460, 80)):
+        t.nccl("SendRecv", s, d, stream=20, coll="send", pg_name="2", group_size=2)
+    t.memcpy(1000, 100, nbytes=10_000_000, direction="HtoD (Pinned -> Device)", stream=11)
+    t.kernel("attn", 1050, 50, stream=7, args=BIG)
+    return t
+
+
+def one(df: pl.DataFrame, **where: Any) -> dict[str, Any]:
+    for k, v in where.items():
+        df = df.filter(pl.col(k) == v)
+    assert df.height == 1, df
+    return df.row(0, named=True)
+
+
+def test_compute_slowdown_by_hand(ingest: Ingest) -> None:
+    res = contention.run(ingest(_trace()))
+    big = one(res.table, name="gemm", shape="grid=[128, 1, 1] block=[256, 1, 1]")
+    got = (big["n_alone"], big["n_overlapped"], big["n_partial"], big["n_matched"])
+    assert got == (3, 2, 1, 2)
+    assert big["t_alone_ns"] == 100 * US and big["t_overlapped_ns"] == 130 * US
+    assert big["slowdown"] == pytest.approx(0.30)
+    assert big["time_lost_ns"] == 60 * US
+    small = one(res.table, name="gemm", shape="grid=[64, 1, 1] block=[256, 1, 1]")
+    assert small["n_overlapped"] == 1 and small["slowdown"] is None
+    step = one(res.tables["by_step"], rank=0, step=1)
+    # overlapped kernels: gemm x2 (big) + gemm (small); only the big ones have a baseline
+    assert (step["overlapped_kernels"], step["overlapped_ns"]) == (3, 300 * US)
+    assert step["time_lost_ns"] == 60 * US
+
+
+def test_comm_beside_comm_by_hand(ingest: Ingest) -> None:
+    res = contention.run(ingest(_trace()))
+    pp = one(res.tables["comm"], parallelism="PP")
+    assert (pp["n_alone"], pp["n_concurrent"], pp["n_matched"]) == (3, 3, 3)
+    assert pp["t_alone_ns"] == 50 * US and pp["t_concurrent_ns"] == 80 * US
+    assert pp["slowdown"] == pytest.approx(0.6) and pp["time_lost_ns"] == 90 * US
+    # the AllReduce ran once, always beside SendRecv: nothing to compare it with
+    assert one(res.tables["comm"], parallelism="DP")["slowdown"] is None
+
+
+def test_memcpy_hiding_by_hand(ingest: Ingest) -> None:
+    res = contention.run(ingest(_trace()))
+    cp = one(res.tables["memcpy"], rank=0, step=1)
+    assert (cp["direction"], cp["copies"], cp["bytes"]) == ("HtoD", 1, 10_000_000)
+    assert (cp["copy_ns"], cp["hidden_ns"], cp["exposed_ns"]) == (100 * US, 50 * US, 50 * US)
+    assert cp["hidden_ratio"] == pytest.approx(0.5)
+    assert cp["gb_per_s"] == pytest.approx(10_000_000 / (100 * US))
+
+
+def test_findings_name_the_fix(ingest: Ingest) -> None:
+    res = contention.run(ingest(_trace()))
+    codes = {f.code: f for f in res.findings}
+    f = codes["CONTENTION_COMPUTE_SLOWDOWN"]
+    assert f.time_at_stake_ns == 60 * US and f.ranks == (0,)
+    assert "NCCL" in f.fix and f.evidence["top_classes"][0]["name"] == "gemm"
+    c = codes["CONTENTION_COMM_SLOWDOWN"]
+    assert c.time_at_stake_ns == 90 * US and "bubbles" in c.fix
+    m = codes["CONTENTION_MEMCPY_EXPOSED"]
+    assert m.time_at_stake_ns == 50 * US and "prefetch" in m.fix
+
+
+def test_long_kernels_by_hand(ingest: Ingest) -> None:
+    """Kernels over 1 ms take the range-join path: alone 3 x 2000 µs, then 1 x 2600 µs with
+    an AllReduce [7000,9000) covering 2000 of it (77%), one with nothing beside it."""
+    t = KinetoTrace(rank=0, world_size=2, pg_config=[PgConfig("1", [0, 1])])
+    t.step(1, -10, 20000)
+    for s, d in ((0, 2000), (2000, 2000), (4000, 2000), (6500, 2600), (12000, 2000)):
+        t.kernel("big_gemm", s, d, stream=7, args=BIG)
+    t.nccl("AllReduce", 7000, 2000, stream=9, coll="allreduce", pg_name="1", group_size=2)
+    g = one(contention.run(ingest(t)).table, name="big_gemm")
+    # alone: 2000, 2000, 2000, 2000 -> T_alone 2000; overlapped: 2600 -> +30%, 600 lost
+    assert (g["n_alone"], g["n_overlapped"], g["n_partial"]) == (4, 1, 0)
+    assert g["slowdown"] == pytest.approx(0.3) and g["time_lost_ns"] == 600 * US
+
+
+def test_cpu_main_thread_p2p_waits_are_not_contention(ingest: Ingest) -> None:
+    """gloo: a p2p span on the compute thread is a wait; only worker-thread spans compete."""
+    t = cpu_trace(0)
+    t.step(1, 0, 1000)
+    for s in (0, 100, 200, 300, 400):
+        t.host("aten::mm", s, 50, args={"Input Dims": [[16, 16], [16, 16]]})
+    t.host("gloo:send", 0, 260, cat="user_annotation")  # main thread: a wait
+    t.gloo("all_reduce", 390, 100)  # worker thread: competes for the cores
+    res = contention.run(ingest(t))
+    mm = one(res.table, name="aten::mm")
+    assert (mm["n_alone"], mm["n_overlapped"]) == (4, 1)
+
+
+def test_empty_database_has_the_documented_columns() -> None:
+    from ranklens.ingest.schema import ddl
+
+    con = duckdb.connect()
+    con.execute(ddl())
+    res = contention.run(con)
+    assert list(res.table.columns) == list(contention.COLUMNS)
+    assert not res.findings

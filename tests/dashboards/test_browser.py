@@ -1,0 +1,228 @@
+"""The dashboard in a real browser (headless chromium): what a user would look for.
+
+Expected values come from the analyses themselves (never hard-coded): the straggler the
+stragglers analysis names, the stage count and bubble fractions the pipeline analysis gives,
+the rows DuckDB returns for the query. Screenshots land in artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from ranklens.analysis import pipeline, stragglers
+from ranklens.analysis import timeline as tl
+
+from .conftest import SCREENSHOTS, LiveApp
+
+pytestmark = pytest.mark.browser
+
+PAGES = ("/", "/timeline", "/pipeline", "/communication", "/contention", "/findings", "/sql")
+
+
+def wait_for(browser: Any, js: str, timeout: float = 60.0) -> Any:
+    """Poll a JS expression until it is truthy; return its value."""
+    end = time.monotonic() + timeout
+    while True:
+        value = browser.execute_script(f"return {js};")
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for: {js}")
+        time.sleep(0.1)
+
+
+def open_page(browser: Any, url: str, ready: str) -> float:
+    """Load `url`, wait for the CSS selector `ready` and for Dash to settle; seconds taken."""
+    t0 = time.perf_counter()
+    browser.get(url)
+    wait_for(browser, f"document.querySelector({ready!r})")
+    wait_for(browser, "!document.querySelector('[data-dash-is-loading=\"true\"]')")
+    return time.perf_counter() - t0
+
+
+def shoot(browser: Any, name: str) -> Path:
+    """A full-page screenshot under artifacts/screenshots/."""
+    height = browser.execute_script("return document.body.scrollHeight")
+    browser.set_window_size(1400, max(900, min(int(height) + 40, 6000)))
+    time.sleep(0.3)
+    path = SCREENSHOTS / f"{name}.png"
+    browser.save_screenshot(str(path))
+    browser.set_window_size(1400, 1000)
+    return path
+
+
+def plot(browser: Any, graph_id: str) -> dict[str, Any]:
+    """The data and axes of a rendered plotly graph, as the browser holds them."""
+    return browser.execute_script(  # type: ignore[no-any-return]
+        """const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
+        const arr = v => (v && typeof v !== 'string' && v.length !== undefined)
+            ? Array.from(v, x => (x && typeof x !== 'string' && x.length !== undefined)
+                ? Array.from(x) : x) : v;
+        return {data: gd.data.map(t => ({name: t.name, type: t.type, x: arr(t.x), y: arr(t.y),
+                                           z: arr(t.z), base: arr(t.base)})),
+                xrange: gd._fullLayout.xaxis.range,
+                yticks: gd._fullLayout.yaxis.ticktext};""",
+        graph_id,
+    )
+
+
+def text(browser: Any, css: str) -> str:
+    return str(
+        browser.execute_script(
+            "const e = document.querySelector(arguments[0]); return e ? e.innerText : '';", css
+        )
+    )
+
+
+def severe_logs(browser: Any) -> list[str]:
+    return [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+@pytest.fixture(scope="module")
+def straggler(sample_db: Callable[[str], Path], live_app: Callable[[Path], LiveApp]) -> LiveApp:
+    return live_app(sample_db("straggler_rank3"))
+
+
+def test_straggler_in_heatmap_and_findings(browser: Any, straggler: LiveApp) -> None:
+    con = straggler.data.cursor()
+    res = stragglers.run(con)
+    con.close()
+    named = [f for f in res.findings if f.code == "STRAGGLER_RANK"]
+    assert named, "the stragglers analysis must name the injected straggler"
+    rank = named[0].ranks[0]
+    took = open_page(browser, straggler.url("/"), "#overview-heatmap .js-plotly-plot")
+    heat = plot(browser, "overview-heatmap")["data"][0]
+    totals = [sum(v for v in row if v is not None) for row in heat["z"]]
+    assert heat["y"][totals.index(max(totals))] == f"r{rank}", (heat["y"], totals)
+    listed = text(browser, "#overview-findings")
+    assert "STRAGGLER_RANK" in listed and f"rank {rank}" in listed
+    assert not severe_logs(browser)
+    shoot(browser, "overview")
+    print(f"overview rendered in the browser in {took:.2f} s")
+
+    open_page(browser, straggler.url("/findings"), ".finding")
+    cards = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.finding'), e => e.innerText);"
+    )
+    first = next(c for c in cards if "STRAGGLER_RANK" in c)
+    assert f"rank {rank}" in first and "Fix:" in first
+    assert f"{named[0].time_at_stake_ns / 1e6:.2f} ms per step" in first
+    shoot(browser, "findings")
+
+
+def test_finding_links_to_its_timeline_window(browser: Any, straggler: LiveApp) -> None:
+    open_page(browser, straggler.url("/findings"), ".finding-timeline-link")
+    href = browser.execute_script(
+        "return document.querySelector('.finding .finding-timeline-link').href;"
+    )
+    assert "/timeline?" in href and "start=" in href
+    open_page(browser, href, "#timeline-graph .js-plotly-plot")
+    start = float(href.split("start=")[1].split("&")[0])
+    assert f"window {start:.3f}" in text(browser, "#timeline-label")
+
+
+def test_timeline_deep_link_and_zoom(browser: Any, straggler: LiveApp) -> None:
+    cur = straggler.data.cursor()
+    sw = tl.step_windows(cur)
+    cur.close()
+    t0 = straggler.data.extent().t0_ns
+    step = int(sw["step"].unique().sort()[1])
+    w = sw.filter((pl.col("step") == step) & (pl.col("rank") == 3)).row(0, named=True)
+    start = round((w["start_ns"] - t0) / 1e6 + 1.0, 3)
+    end = round(start + 20.0, 3)
+    url = straggler.url(f"/timeline?rank=3&step={step}&start={start}&end={end}")
+    open_page(browser, url, "#timeline-graph .js-plotly-plot")
+    assert f"window {start:.3f} – {end:.3f} ms" in text(browser, "#timeline-label")
+    fig = plot(browser, "timeline-graph")
+    assert fig["xrange"][0] == pytest.approx(start, abs=1e-3)
+    assert fig["xrange"][1] == pytest.approx(end, abs=1e-3)
+    assert fig["yticks"] and all(t.startswith("r3 ") for t in fig["yticks"])
+    shoot(browser, "timeline")
+
+    # Zoom: the server answers with the new window (a new query, not a client-side crop).
+    lo, hi = start + 5.0, start + 10.0
+    t = time.perf_counter()
+    browser.execute_script(
+        "Plotly.relayout(document.querySelector('#timeline-graph .js-plotly-plot'),"
+        " {'xaxis.range[0]': arguments[0], 'xaxis.range[1]': arguments[1]});",
+        lo,
+        hi,
+    )
+    wait_for(
+        browser,
+        f"document.querySelector('#timeline-label').innerText.includes('window {lo:.3f}')",
+        timeout=30,
+    )
+    took = time.perf_counter() - t
+    print(f"timeline zoom answered in the browser in {took:.2f} s")
+    href = browser.execute_script("return document.querySelector('#timeline-permalink').href;")
+    assert f"start={lo:.3f}" in href
+
+
+def test_pipeline_page_shows_the_analysis_numbers(
+    browser: Any, sample_db: Callable[[str], Path], live_app: Callable[[Path], LiveApp]
+) -> None:
+    app = live_app(sample_db("pp4_gpipe_m2"))
+    con = app.data.cursor()
+    res = pipeline.run(con)
+    con.close()
+    sched = res.tables["schedule"].sort("pp_group", "step").row(0, named=True)
+    open_page(browser, app.url("/pipeline"), "#pipeline-gantt .js-plotly-plot")
+    assert text(browser, "#pipeline-stage-count") == f"{sched['p']} stages"
+    assert text(browser, "#pipeline-measured") == f"{sched['bubble_fraction']:.3f}"
+    assert text(browser, "#pipeline-closed-form") == f"{sched['closed_form']:.3f}"
+    gantt = plot(browser, "pipeline-gantt")
+    assert len(set(gantt["data"][0]["y"])) == sched["p"]
+    bubbles = plot(browser, "pipeline-bubbles")["data"][0]["y"]
+    stages = res.tables["stages"].filter(pl.col("pp_group") == sched["pp_group"]).sort("stage")
+    assert bubbles == pytest.approx(stages["bubble_fraction"].to_list())
+    shoot(browser, "pipeline")
+
+
+def test_sql_console_returns_rows_and_refuses_files(browser: Any, straggler: LiveApp) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    def type_query(q: str) -> None:
+        box = browser.find_element(By.ID, "sql-query")
+        box.send_keys(Keys.CONTROL, "a")
+        box.send_keys(Keys.DELETE)
+        box.send_keys(q)
+        browser.find_element(By.ID, "sql-run").click()
+
+    query = "SELECT rank, count(*) AS n FROM events GROUP BY rank ORDER BY rank"
+    con = straggler.data.cursor()
+    expected = [(str(r), str(n)) for r, n in con.execute(query).fetchall()]
+    con.close()
+    open_page(browser, straggler.url("/sql"), "#sql-query")
+    type_query(query)
+    wait_for(browser, "document.querySelector('#sql-table td')")
+    got = browser.execute_script(
+        """return Array.from(document.querySelectorAll('#sql-table tbody tr'))
+             .filter(tr => tr.querySelector('td'))
+             .map(tr => ['rank', 'n'].map(c =>
+                 tr.querySelector(`td[data-column="${c}"]`).innerText.trim()));"""
+    )
+    assert [tuple(r) for r in got] == expected
+    shoot(browser, "sql")
+
+    type_query("SELECT * FROM read_csv('/etc/passwd')")
+    msg = wait_for(browser, "document.querySelector('#sql-error').innerText")
+    assert msg.startswith("error:") and "disabled" in msg
+
+
+def test_every_page_opens(
+    browser: Any, sample_db: Callable[[str], Path], live_app: Callable[[Path], LiveApp]
+) -> None:
+    app = live_app(sample_db("megatron_tp2_pp2_dp2"))
+    for path in PAGES:
+        open_page(browser, app.url(path), "#_pages_content > div")
+        body = text(browser, "#_pages_content")
+        assert "not available for this run" not in body, (path, body[:400])
+        assert not severe_logs(browser), path
+        shoot(browser, "megatron" + (path.replace("/", "_") if path != "/" else "_overview"))

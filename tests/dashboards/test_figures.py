@@ -1,0 +1,338 @@
+"""Figure builders and callbacks, called directly (no server, no browser).
+
+Builders get small hand-made analysis tables and must draw exactly those numbers (in ms);
+callbacks and page layouts run on a real sample run inside a request context.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import dash
+import plotly
+import polars as pl
+import pytest
+from ranklens.analysis import Finding, Result, Severity
+from ranklens.analysis import timeline as tl
+from ranklens.dashboards import figures, figures_comm, figures_contention, figures_pipeline
+from ranklens.dashboards.app import create_app
+from ranklens.dashboards.data import RunData
+from ranklens.dashboards.figures_timeline import timeline
+from ranklens.dashboards.pages import findings, overview, pipeline, sql
+from ranklens.dashboards.pages import timeline as tpage
+
+MS = 1e6
+
+
+def by_step() -> pl.DataFrame:
+    rows = [
+        (r, s, 100 * MS, (40 if r == 3 else 10) * MS, 5 * MS, 20 * MS)
+        for r in range(4)
+        for s in (1, 2)
+    ]
+    return pl.DataFrame(
+        rows,
+        schema=["rank", "step", "window_ns", "compute_ns", "exposed_comm_ns", "idle_ns"],
+        orient="row",
+    )
+
+
+def test_step_time_is_in_ms_per_rank() -> None:
+    fig = figures.step_time(by_step())
+    assert [t.name for t in fig.data] == ["rank 0", "rank 1", "rank 2", "rank 3"]
+    assert list(fig.data[0].y) == [100.0, 100.0]
+
+
+def test_heatmap_rows_are_ranks_and_the_straggler_is_hot() -> None:
+    fig = figures.heatmap(by_step(), "compute_ns", focus_rank=3)
+    hm = fig.data[0]
+    assert list(hm.y) == ["r0", "r1", "r2", "r3"] and list(hm.x) == ["1", "2"]
+    assert [list(r) for r in hm.z][3] == [40.0, 40.0]
+    assert len(fig.layout.shapes) == 1  # the focused rank is outlined
+
+
+def test_time_split_adds_up_to_the_window() -> None:
+    by_rank = pl.DataFrame(
+        {
+            "rank": [0],
+            "window_ns": [100],
+            "compute_ns": [50],
+            "exposed_comm_ns": [20],
+            "idle_ns": [25],
+        }
+    )
+    fig = figures.time_split(by_rank)
+    vals = {t.name: t.y[0] for t in fig.data}
+    assert vals == pytest.approx(
+        {"compute": 50, "exposed comm": 20, "memory copies": 5, "idle": 25}
+    )
+
+
+def test_comm_share_stacks_parallelisms_of_one_step() -> None:
+    steps = pl.DataFrame(
+        {"rank": [0, 1], "step": [1, 1], "compute_share": [0.5, 0.6], "idle_share": [0.1, 0.2]}
+    )
+    par = pl.DataFrame(
+        {
+            "rank": [0, 1, 0],
+            "step": [1, 1, 1],
+            "parallelism": ["DP", "DP", "TP"],
+            "comm_share": [0.3, 0.2, 0.1],
+        }
+    )
+    fig = figures.comm_share(steps, par, 1)
+    assert [t.name for t in fig.data] == ["compute", "DP comm", "TP comm", "idle"]
+    assert list(fig.data[2].y) == pytest.approx([10.0, 0.0])
+
+
+def test_findings_keep_the_report_order() -> None:
+    fs = [
+        Finding("A", Severity.WARNING, "a", "fix a", 3_000_000, ranks=(3,)),
+        Finding("B", Severity.INFO, "b", "fix b", 1_000_000),
+    ]
+    rows = figures.finding_rows(fs)
+    assert [r["code"] for r in rows] == ["A", "B"] and rows[0]["at stake (ms/step)"] == 3.0
+    bar = figures.findings_bar(fs).data[0]
+    assert list(bar.x) == [1.0, 3.0] and bar.y[-1] == "A (rank 3)"
+
+
+def window(mode: str) -> tl.Window:
+    ev = pl.DataFrame(
+        {
+            "rank": [0, 0, 1],
+            "stream": [7, 9, 7],
+            "kind": ["compute", "comm", "comm"],
+            "name": ["gemm", "nccl AllReduce", "nccl AllReduce"],
+            "step": [1, 1, 1],
+            "ts_ns": [1000, 2000, 2100],
+            "s": [1000, 2000, 2100],
+            "e": [3000, 4000, 4000],
+            "dur_ns": [2000, 2000, 1900],
+            "pg_name": [None, "1", "1"],
+            "coll_op": [None, "ar", "ar"],
+            "parallelism": [None, "DP", "DP"],
+        }
+    )
+    seg = pl.DataFrame({"rank": [0], "label": ["exposed"], "s": [3000], "e": [4000]})
+    bk = pl.DataFrame(
+        {
+            "rank": [0, 0],
+            "stream": [7, 7],
+            "kind": ["compute", "comm"],
+            "parallelism": [None, "TP"],
+            "bucket": [0, 0],
+            "s": [0, 0],
+            "busy_ns": [1500, 1500],
+            "n_events": [3, 1],
+        }
+    )
+    if mode == "events":
+        return tl.Window(0, 5000, "events", ev, pl.DataFrame(), 0, seg, 3)
+    return tl.Window(0, 1000, "buckets", ev.clear(), bk, 1000, pl.DataFrame(), 1)
+
+
+def test_timeline_events_one_trace_per_colour_with_overlays() -> None:
+    hl = pl.DataFrame(
+        {"rank": [0, 1], "stream": [9, 7], "start_ns": [2000, 2100], "end_ns": [4000, 4000]}
+    )
+    fig = timeline(window("events"), t0_ns=0, highlight=hl)
+    names = [t.name for t in fig.data]
+    assert names == ["DP comm", "compute", "exposed communication"]
+    assert list(fig.data[0].base) == [0.002, 0.0021] and list(fig.data[0].y) == [1, 2]
+    assert list(fig.layout.yaxis.ticktext) == ["r0 · 7", "r0 · 9", "r1 · 7"]
+    assert len(fig.layout.shapes) == 2  # the instance, outlined on both ranks
+    assert tuple(fig.layout.xaxis.range) == (0.0, 0.005)
+
+
+def test_timeline_buckets_never_overflow_their_bucket() -> None:
+    fig = timeline(window("buckets"), t0_ns=0)
+    total = sum(t.x[0] for t in fig.data)
+    assert total == pytest.approx(0.001)  # 1500 + 1500 ns of busy time scaled into 1000 ns
+    assert "aggregated" in fig.layout.title.text
+
+
+def test_gantt_draws_windows_under_blocks() -> None:
+    blocks = pl.DataFrame(
+        {
+            "stage": [0, 1],
+            "phase": ["F", "B"],
+            "mb": [0, 0],
+            "start_ns": [1 * MS, 3 * MS],
+            "dur_ns": [1 * MS, 2 * MS],
+        }
+    )
+    wins = pl.DataFrame(
+        {"rank": [0, 1], "stage": [0, 1], "start_ns": [0, 0], "end_ns": [10 * MS, 10 * MS]}
+    )
+    fig = figures_pipeline.gantt(blocks, wins, 0, "t")
+    assert fig.data[0].name.startswith("bubble") and list(fig.data[0].x) == [10.0, 10.0]
+    assert [t.name for t in fig.data[1:]] == ["B", "F"] and list(fig.data[2].text) == ["F0"]
+
+
+def test_bubble_by_stage_shows_measured_and_closed_form() -> None:
+    st = pl.DataFrame({"stage": [0, 1], "bubble_fraction": [0.8, 0.5], "closed_form": [0.6, 0.6]})
+    fig = figures_pipeline.bubble_by_stage(st)
+    assert list(fig.data[0].y) == [0.8, 0.5] and list(fig.data[1].y) == [0.6, 0.6]
+
+
+def test_busbw_against_the_peak() -> None:
+    t = pl.DataFrame(
+        {
+            "parallelism": ["DP", "DP"],
+            "op": ["all_reduce"] * 2,
+            "bytes": [1e6, 1e8],
+            "busbw_gbps": [20.0, 150.0],
+            "instances": [5, 5],
+            "link": ["nvlink"] * 2,
+            "peak_gbps": [450.0, 450.0],
+        }
+    )
+    fig = figures_comm.busbw(t)
+    assert list(fig.data[0].y) == [20.0, 150.0] and fig.layout.xaxis.type == "log"
+    assert any("peak 450" in a.text for a in fig.layout.annotations)
+    empty = figures_comm.busbw(t.with_columns(pl.lit(None, pl.Float64).alias("bytes")))
+    assert "no bandwidth" in empty.layout.annotations[0].text
+
+
+def test_contention_slowdown_ranks_by_time_lost() -> None:
+    table = pl.DataFrame(
+        {
+            "name": ["gemm", "attn"],
+            "shape": ["g", "a"],
+            "slowdown": [0.2, 0.5],
+            "time_lost_ns": [1 * MS, 3 * MS],
+            "n_matched": [4, 2],
+            "t_alone_ns": [1e5, 1e5],
+            "t_overlapped_ns": [1.2e5, 1.5e5],
+        }
+    )
+    fig = figures_contention.slowdown(Result("contention", table))
+    assert list(fig.data[0].x) == [1.0, 3.0] and list(fig.data[0].text) == ["+20%", "+50%"]
+
+
+# --- on a real sample run -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def app(sample_db: Callable[[str], Path]) -> Iterator[dash.Dash]:
+    data = RunData(sample_db("megatron_tp2_pp2_dp2"))
+    data.warm()
+    yield create_app(data.db_path, data=data)
+    data.close()
+
+
+def run_data(app: dash.Dash) -> RunData:
+    d = app.server.config["RANKLENS_RUN"]
+    assert isinstance(d, RunData)
+    return d
+
+
+def test_every_page_registers_and_renders(app: dash.Dash) -> None:
+    paths = {p["path"] for p in dash.page_registry.values()}
+    assert {
+        "/",
+        "/timeline",
+        "/pipeline",
+        "/communication",
+        "/contention",
+        "/findings",
+        "/sql",
+    } <= paths
+    for page in dash.page_registry.values():
+        with app.server.test_request_context(page["path"]):
+            text = json.dumps(page["layout"](), cls=plotly.utils.PlotlyJSONEncoder)
+        assert "not available for this run" not in text, page["path"]
+
+
+def test_timeline_callback_zoom_and_click(app: dash.Dash) -> None:
+    data = run_data(app)
+    t0 = data.extent().t0_ns
+    with app.server.test_request_context("/timeline"):
+        s, e = tpage.resolve(data, None, None, None, None)
+        win = {"start_ns": s, "end_ns": e}
+        out = tpage.update(
+            data,
+            "timeline-graph.relayoutData",
+            {"xaxis.range[0]": 10.0, "xaxis.range[1]": 12.5},
+            None,
+            None,
+            None,
+            win,
+        )
+        _fig, new, label, href = out[:4]
+        assert new == {"start_ns": t0 + 10_000_000, "end_ns": t0 + 12_500_000}
+        assert "window 10.000 – 12.500 ms" in label and "start=10.000&end=12.500" in href
+        # A relayout that does not move the window (e.g. autosize) changes nothing.
+        assert (
+            tpage.update(
+                data, "timeline-graph.relayoutData", {"autosize": True}, None, None, None, new
+            )
+            == (dash.no_update,) * 5
+        )
+        cur = data.cursor()
+        ev = cur.execute(
+            "SELECT rank, stream, ts_ns FROM collectives WHERE status = 'matched' "
+            "AND op = 'all_reduce' LIMIT 1"
+        ).fetchone()
+        cur.close()
+        assert ev is not None
+        click = {"points": [{"customdata": [ev[0], ev[1], ev[2] - t0, "gloo:all_reduce"]}]}
+        out = tpage.update(data, "timeline-graph.clickData", None, click, None, None, new)
+        assert len(out[0].layout.shapes) >= 2  # the instance outlined on its ranks
+        hl, info = tpage.instance_view(data, click)
+        assert hl is not None and hl.height >= 2 and ev[0] in hl["rank"].to_list()
+        assert "collective instance" in json.dumps(
+            info.to_plotly_json(), cls=plotly.utils.PlotlyJSONEncoder
+        )
+
+
+def test_overview_heatmap_callback_uses_the_analysis(app: dash.Dash) -> None:
+    data = run_data(app)
+    res = data.result("breakdown")
+    assert res is not None
+    fig = overview.heatmap_figure(data, "idle_ns", None)
+    worst = res.table.sort("idle_ns", descending=True).row(0, named=True)
+    hm = fig.data[0]
+    row = list(hm.y).index(f"r{worst['rank']}")
+    col = list(hm.x).index(str(worst["step"]))
+    assert hm.z[row][col] == pytest.approx(worst["idle_ns"] / MS)
+
+
+def test_pipeline_summary_and_findings_links(app: dash.Dash) -> None:
+    data = run_data(app)
+    res = data.result("pipeline")
+    assert res is not None
+    row = res.tables["schedule"].row(0, named=True)
+    text = json.dumps(
+        pipeline.summary(res, row["pp_group"], row["step"]).to_plotly_json(),
+        cls=plotly.utils.PlotlyJSONEncoder,
+    )
+    assert f"{row['p']} stages" in text and f"{row['closed_form']:.3f}" in text
+    windowed = next(f for f in data.report().findings if f.window_ns is not None)
+    href = findings.timeline_link(data, windowed)
+    start = (windowed.window_ns[0] - data.extent().t0_ns) / MS  # type: ignore[index]
+    assert href.startswith("/timeline?") and f"start={start:.3f}" in href
+
+
+def test_sql_page_runs_a_query(app: dash.Dash) -> None:
+    out, err = sql.execute(run_data(app), "SELECT 41 + 1 AS answer")
+    assert err == "" and "42" in json.dumps(
+        out.to_plotly_json(), cls=plotly.utils.PlotlyJSONEncoder
+    )
+
+
+def test_window_switches_to_buckets_past_the_cap(app: dash.Dash) -> None:
+    data = run_data(app)
+    cur = data.cursor()
+    ext = data.extent()
+    try:
+        small = tl.window(cur, ext, ext.t0_ns, ext.t0_ns + 2_000_000)
+        big = tl.window(cur, ext, ext.t0_ns, ext.t1_ns, max_events=100)
+    finally:
+        cur.close()
+    assert small.mode == "events" and 0 < small.events.height <= 4000
+    assert big.mode == "buckets" and big.buckets.height > 0
+    assert big.buckets["bucket"].max() < -(-(ext.t1_ns - ext.t0_ns) // big.bucket_ns)
+    assert set(small.segments["label"].unique().to_list()) <= {"exposed", "idle"}
