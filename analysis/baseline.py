@@ -1,9 +1,11 @@
 """Regression checks against a baseline run: what got slower, by more than the noise.
 
 A change counts as a regression only when it exceeds both the threshold and the run's own
-step-to-step noise: noise = 2·sqrt(sd_cur²/n_cur + sd_base²/n_base) over the per-step values of
-the metric on that rank (a ~95% band for the difference of two means). With one step per run the
-noise cannot be measured and is reported as such.
+step-to-step noise: noise = 3·sqrt(sd_cur²/n_cur + sd_base²/n_base) over the per-step values of
+the metric on that rank. Three standard errors, not two: every (rank, metric, parallelism) pair
+is compared, and with dozens of pairs a ~95% band would flag some unchanged pair in most runs
+(seen on two captures of one CPU configuration). With one step per run the noise cannot be
+measured and is reported as such.
 
 Metrics: step time (relative change), and as absolute change in share of the step: exposed
 communication and communication per parallelism.
@@ -30,6 +32,7 @@ _PER_STEP: dict[str, str] = {
         FROM breakdown_by_parallelism""",
 }
 _RELATIVE = {"step_time"}
+NOISE_SIGMAS = 3.0
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ def compare(
 def _noise(sd: float | None, n: int, sd_b: float | None, n_b: int) -> float | None:
     if n < 2 or n_b < 2 or sd is None or sd_b is None:
         return None
-    return 2.0 * math.sqrt(sd * sd / n + sd_b * sd_b / n_b)
+    return NOISE_SIGMAS * math.sqrt(sd * sd / n + sd_b * sd_b / n_b)
 
 
 def summarize(changes: list[Change]) -> list[str]:

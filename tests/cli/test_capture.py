@@ -139,3 +139,57 @@ def test_capture_slowed_rank_fails_straggler_check(tmp_path: Path) -> None:
     (failed,) = [c for c in json.loads(bad.stdout)["checks"] if c["status"] == "fail"]
     assert failed["name"] == "max_straggler_wait"
     assert failed["worst"]["subject"] == "rank 3"  # the rank slowed by 20 ms per forward
+
+
+def _capture(run: Path, *train_args: str) -> None:
+    res = _ranklens(
+        "capture",
+        "-o",
+        str(run),
+        "--steps",
+        "3",
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        str(TRAIN),
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--dp",
+        "4",
+        "--microbatches",
+        "2",
+        "--steps",
+        "6",
+        *train_args,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_baseline_two_real_runs(tmp_path: Path) -> None:
+    """Two captures of one configuration: no regression (differences stay within the
+    threshold or the measured step-to-step noise). A run with a rank slowed by 40 ms per
+    forward: a step-time regression, named."""
+    pytest.importorskip("torch", reason="capture needs torch (CI installs torch==2.13.0)")
+    base, same, slow = tmp_path / "base", tmp_path / "same", tmp_path / "slow"
+    _capture(base)
+    _capture(same)
+    _capture(slow, "--slow-rank", "3", "--slow-ms", "40")
+    ok = _ranklens(
+        "check", str(same), "--baseline", str(base), "--max-regression", "15%", "-f", "json"
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = _ranklens(
+        "check", str(slow), "--baseline", str(base), "--max-regression", "15%", "-f", "json"
+    )
+    assert bad.returncode == 3, bad.stdout + bad.stderr
+    doc = json.loads(bad.stdout)
+    (reg,) = [c for c in doc["checks"] if c["name"] == "max_regression"]
+    assert reg["status"] == "fail"
+    assert any(r.startswith("step time +") for r in doc["regressions"]), doc["regressions"]
