@@ -205,7 +205,7 @@ def window(
     *,
     base: Overview | None = None,
     max_events: int = 4000,
-    max_cells: int = 12000,
+    max_cells: int = 6000,
     min_segment_frac: float = 0.001,
 ) -> Window:
     """Device activity in [start_ns, end_ns) on the job clock, for `ranks` (None: all).

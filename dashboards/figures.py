@@ -73,13 +73,33 @@ def styled(fig: go.Figure, title: str, height: int = 360) -> go.Figure:
     return fig
 
 
-def step_time(table: pl.DataFrame) -> go.Figure:
-    """Step time (window W) per rank and step, one line per rank (breakdown.table)."""
+def step_time(table: pl.DataFrame, max_lines: int = 16) -> go.Figure:
+    """Step time (window W) per rank and step (breakdown.table): one line per rank, or, past
+    `max_lines` ranks, one trace of points coloured by rank (64 line traces take seconds to
+    draw in a browser; one trace of 10,000 points does not)."""
     if table.is_empty():
         return empty("no steps in this run")
     fig = go.Figure()
     ranks = table["rank"].unique().sort().to_list()
-    for r in ranks:
+    if len(ranks) > max_lines:
+        rows = table.sort("rank", "step")
+        fig.add_trace(
+            go.Scattergl(
+                x=rows["step"].to_list(),
+                y=(rows["window_ns"] / MS).to_list(),
+                mode="markers",
+                name="ranks",
+                marker={
+                    "color": rows["rank"].to_list(),
+                    "colorscale": "Viridis",
+                    "size": 5,
+                    "colorbar": {"title": "rank"},
+                },
+                customdata=rows["rank"].to_list(),
+                hovertemplate="rank %{customdata}<br>step %{x}<br>%{y:.2f} ms<extra></extra>",
+            )
+        )
+    for r in ranks if len(ranks) <= max_lines else []:
         part = table.filter(pl.col("rank") == r).sort("step")
         fig.add_trace(
             go.Scatter(
@@ -90,8 +110,8 @@ def step_time(table: pl.DataFrame) -> go.Figure:
                 hovertemplate=f"rank {r}<br>step %{{x}}<br>%{{y:.2f}} ms<extra></extra>",
             )
         )
-    fig.update_layout(showlegend=len(ranks) <= 16)
-    fig.update_xaxes(title="step", dtick=1)
+    fig.update_layout(showlegend=len(ranks) <= max_lines)
+    fig.update_xaxes(title="step", dtick=1 if table["step"].n_unique() <= 30 else None)
     fig.update_yaxes(title="step time (ms)", rangemode="tozero")
     return styled(fig, "Step time per rank")
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -46,6 +49,9 @@ def serve(
     debug: bool = False,
 ) -> None:
     """Ingest if needed, analyze, and serve until interrupted (127.0.0.1 unless told)."""
+    if threading.current_thread() is threading.main_thread():
+        # A terminated server (kill, timeout) still removes its temporary database.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with database_for(source, on_error=on_error) as db:
         data = RunData(db)
         try:

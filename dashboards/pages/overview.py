@@ -11,7 +11,7 @@ from typing import Any
 import dash
 import plotly.graph_objects as go
 import polars as pl
-from dash import Input, Output, dcc, html
+from dash import Input, Output, State, dcc, html
 from ranklens.dashboards import components as ui
 from ranklens.dashboards import figures
 from ranklens.dashboards.data import RunData, current
@@ -28,7 +28,7 @@ def register(app: dash.Dash) -> None:
     @app.callback(
         Output("overview-heatmap", "figure"),
         Input("overview-metric", "value"),
-        Input("overview-focus", "data"),
+        State("overview-focus", "data"),
         prevent_initial_call=True,
     )
     def _heatmap(metric: str, focus: int | None) -> go.Figure:

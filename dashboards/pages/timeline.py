@@ -31,13 +31,28 @@ def register(app: dash.Dash) -> None:
         __name__, path=PATH, name="Timeline", title="ranklens · timeline", layout=layout
     )
 
+    # In the browser: pass on only relayouts that move the x axis. Plotly also reports resizes
+    # ({"autosize": true}); sent to the server, such a request would supersede (and so discard)
+    # the answer to a click or zoom still in flight.
+    app.clientside_callback(  # type: ignore[no-untyped-call]
+        """function(r) {
+            if (r && ('xaxis.range[0]' in r || 'xaxis.range' in r || 'xaxis.autorange' in r)) {
+                return r;
+            }
+            return window.dash_clientside.no_update;
+        }""",
+        Output("timeline-relayout", "data"),
+        Input("timeline-graph", "relayoutData"),
+        prevent_initial_call=True,
+    )
+
     @app.callback(
         Output("timeline-graph", "figure"),
         Output("timeline-window", "data"),
         Output("timeline-label", "children"),
         Output("timeline-permalink", "href"),
         Output("timeline-instance", "children"),
-        Input("timeline-graph", "relayoutData"),
+        Input("timeline-relayout", "data"),
         Input("timeline-graph", "clickData"),
         Input("timeline-ranks", "value"),
         Input("timeline-step", "value"),
@@ -130,7 +145,7 @@ def update(
     win: dict[str, Any],
 ) -> tuple[Any, ...]:
     """One callback for every way the window changes (pan/zoom, ranks, step, click, reset);
-    `trigger` is the Dash prop id that fired, e.g. "timeline-graph.relayoutData"."""
+    `trigger` is the Dash prop id that fired, e.g. "timeline-relayout.data" (pan/zoom)."""
     ranks = ui.parse_ints(ranks_v)
     start, end = int(win["start_ns"]), int(win["end_ns"])
     highlight = None
@@ -145,7 +160,7 @@ def update(
         start, end = min(start, lo - pad), max(end, hi + pad)
         if ranks:
             ranks = sorted(set(ranks) | set(highlight["rank"].to_list()))
-    elif trigger == "timeline-graph.relayoutData":
+    elif trigger == "timeline-relayout.data":
         new = _relayout_window(data, relayout, start, end)
         if new is None:
             return (dash.no_update,) * 5
@@ -267,12 +282,11 @@ def layout(
             ),
             html.Div(label, id="timeline-label", style={"color": "#444", "margin": "6px 0"}),
             dcc.Store(id="timeline-window", data={"start_ns": s, "end_ns": e}),
-            dcc.Loading(
-                dcc.Graph(
-                    id="timeline-graph",
-                    figure=fig,
-                    config={"displaylogo": False, "scrollZoom": True},
-                )
+            dcc.Store(id="timeline-relayout"),
+            dcc.Graph(
+                id="timeline-graph",
+                figure=fig,
+                config={"displaylogo": False, "scrollZoom": True},
             ),
             html.Div(id="timeline-instance", style={"margin": "8px 0"}),
         ]

@@ -164,6 +164,46 @@ def test_timeline_deep_link_and_zoom(browser: Any, straggler: LiveApp) -> None:
     assert f"start={lo:.3f}" in href
 
 
+def test_clicking_a_collective_outlines_it_on_every_rank(browser: Any, straggler: LiveApp) -> None:
+    cur = straggler.data.cursor()
+    inst = cur.execute(
+        "SELECT instance_id, rank, stream, ts_ns, ats_ns, aend_ns FROM collectives_aligned "
+        "WHERE op = 'all_reduce' AND status = 'matched' AND rank = 0 ORDER BY instance_id "
+        "LIMIT 1 OFFSET 1"
+    ).fetchall()[0]
+    members = cur.execute(
+        "SELECT count(*) FROM collectives WHERE instance_id = ?", [inst[0]]
+    ).fetchall()[0][0]
+    cur.close()
+    t0 = straggler.data.extent().t0_ns
+    start, end = (inst[4] - t0) / 1e6 - 2, (inst[5] - t0) / 1e6 + 2
+    url = straggler.url(f"/timeline?rank=0,1,2&start={start:.3f}&end={end:.3f}")
+    open_page(browser, url, "#timeline-graph .js-plotly-plot")
+    # A user's click on rank 0's bar of that collective (plotly's own click event).
+    browser.execute_script(
+        """const gd = document.querySelector('#timeline-graph .js-plotly-plot');
+        const i = gd.data.findIndex(t => t.name.endsWith('comm') && Array.from(t.customdata)
+            .some(c => c[0] == arguments[0] && c[1] == arguments[1] && c[2] == arguments[2]));
+        const j = Array.from(gd.data[i].customdata).findIndex(
+            c => c[0] == arguments[0] && c[1] == arguments[1] && c[2] == arguments[2]);
+        gd.emit('plotly_click', {points: [{curveNumber: i, pointNumber: j}]});""",
+        inst[1],
+        inst[2],
+        inst[3] - t0,
+    )
+    wait_for(
+        browser,
+        "document.querySelector('#timeline-instance').innerText.includes('collective instance')",
+        timeout=30,
+    )
+    assert f"on {members} ranks" in text(browser, "#timeline-instance")
+    shapes = browser.execute_script(
+        "return document.querySelector('#timeline-graph .js-plotly-plot').layout.shapes.length;"
+    )
+    assert shapes == members
+    shoot(browser, "timeline_instance")
+
+
 def test_pipeline_page_shows_the_analysis_numbers(
     browser: Any, sample_db: Callable[[str], Path], live_app: Callable[[Path], LiveApp]
 ) -> None:

@@ -254,7 +254,7 @@ def test_timeline_callback_zoom_and_click(app: dash.Dash) -> None:
         win = {"start_ns": s, "end_ns": e}
         out = tpage.update(
             data,
-            "timeline-graph.relayoutData",
+            "timeline-relayout.data",
             {"xaxis.range[0]": 10.0, "xaxis.range[1]": 12.5},
             None,
             None,
@@ -266,9 +266,7 @@ def test_timeline_callback_zoom_and_click(app: dash.Dash) -> None:
         assert "window 10.000 – 12.500 ms" in label and "start=10.000&end=12.500" in href
         # A relayout that does not move the window (e.g. autosize) changes nothing.
         assert (
-            tpage.update(
-                data, "timeline-graph.relayoutData", {"autosize": True}, None, None, None, new
-            )
+            tpage.update(data, "timeline-relayout.data", {"autosize": True}, None, None, None, new)
             == (dash.no_update,) * 5
         )
         cur = data.cursor()
