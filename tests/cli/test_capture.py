@@ -21,6 +21,27 @@ def _ranklens(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
 
 
+def _capture(run: Path, *train_args: str, steps: str = "3") -> None:
+    """`ranklens capture` of the sample model on 4 torchrun ranks (gloo, CPU)."""
+    res = _ranklens(
+        "capture",
+        "-o",
+        str(run),
+        "--steps",
+        steps,
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        str(TRAIN),
+        *train_args,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
 def test_command_without_ranks_is_an_error(tmp_path: Path) -> None:
     res = runner.invoke(
         app,
@@ -54,20 +75,8 @@ def test_no_command_is_a_usage_error() -> None:
 def test_capture_torchrun_then_check(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="capture needs torch (CI installs torch==2.13.0)")
     run = tmp_path / "run"
-    res = _ranklens(
-        "capture",
-        "-o",
-        str(run),
-        "--steps",
-        "2",
-        "--",
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "4",
-        str(TRAIN),
+    _capture(
+        run,
         "--tp",
         "1",
         "--pp",
@@ -80,8 +89,8 @@ def test_capture_torchrun_then_check(tmp_path: Path) -> None:
         "gpipe",
         "--steps",
         "5",
+        steps="2",
     )
-    assert res.returncode == 0, res.stderr[-3000:]
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["ranks"] == [0, 1, 2, 3]
     assert manifest["files"] == [f"rank{r}.json.gz" for r in range(4)]
@@ -102,20 +111,8 @@ def test_capture_torchrun_then_check(tmp_path: Path) -> None:
 def test_capture_slowed_rank_fails_straggler_check(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="capture needs torch (CI installs torch==2.13.0)")
     run = tmp_path / "run"
-    res = _ranklens(
-        "capture",
-        "-o",
-        str(run),
-        "--steps",
-        "2",
-        "--",
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "4",
-        str(TRAIN),
+    _capture(
+        run,
         "--tp",
         "1",
         "--pp",
@@ -130,8 +127,8 @@ def test_capture_slowed_rank_fails_straggler_check(tmp_path: Path) -> None:
         "20",
         "--steps",
         "5",
+        steps="2",
     )
-    assert res.returncode == 0, res.stderr[-3000:]
     ok = _ranklens("check", str(run), "--max-straggler-wait", "0.9")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     bad = _ranklens("check", str(run), "--max-straggler-wait", "0.05", "-f", "json")
@@ -141,36 +138,6 @@ def test_capture_slowed_rank_fails_straggler_check(tmp_path: Path) -> None:
     assert failed["worst"]["subject"] == "rank 3"  # the rank slowed by 20 ms per forward
 
 
-def _capture(run: Path, *train_args: str) -> None:
-    res = _ranklens(
-        "capture",
-        "-o",
-        str(run),
-        "--steps",
-        "3",
-        "--",
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "4",
-        str(TRAIN),
-        "--tp",
-        "1",
-        "--pp",
-        "1",
-        "--dp",
-        "4",
-        "--microbatches",
-        "2",
-        "--steps",
-        "6",
-        *train_args,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-
-
 @pytest.mark.slow
 def test_baseline_two_real_runs(tmp_path: Path) -> None:
     """Two captures of one configuration: no regression (differences stay within the
@@ -178,9 +145,10 @@ def test_baseline_two_real_runs(tmp_path: Path) -> None:
     forward: a step-time regression, named."""
     pytest.importorskip("torch", reason="capture needs torch (CI installs torch==2.13.0)")
     base, same, slow = tmp_path / "base", tmp_path / "same", tmp_path / "slow"
-    _capture(base)
-    _capture(same)
-    _capture(slow, "--slow-rank", "3", "--slow-ms", "40")
+    dp4 = ("--tp", "1", "--pp", "1", "--dp", "4", "--microbatches", "2", "--steps", "6")
+    _capture(base, *dp4)
+    _capture(same, *dp4)
+    _capture(slow, *dp4, "--slow-rank", "3", "--slow-ms", "40")
     ok = _ranklens(
         "check", str(same), "--baseline", str(base), "--max-regression", "15%", "-f", "json"
     )
