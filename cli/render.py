@@ -277,9 +277,10 @@ def frame_out(df: pl.DataFrame, fmt: str, console: Console, title: str | None = 
         # CSV has no nested values: lists/structs (e.g. process_groups.ranks) become JSON text.
         nested = [c for c, t in df.schema.items() if t.is_nested()]
         df.with_columns(
-            pl.col(c).map_elements(lambda v: json.dumps(v.to_list() if hasattr(v, "to_list")
-                                                        else v, default=str),
-                                   return_dtype=pl.Utf8)
+            pl.col(c).map_elements(
+                lambda v: json.dumps(v.to_list() if hasattr(v, "to_list") else v, default=str),
+                return_dtype=pl.Utf8,
+            )
             for c in nested
         ).write_csv(buf)
         console.out(buf.getvalue(), end="")

@@ -3,11 +3,8 @@ atomic output, parallel pieces, and the real public traces checked against Pytho
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import json
 import tempfile
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +12,7 @@ from typing import Any
 import duckdb
 import pytest
 from kineto_builder import KinetoTrace, PgConfig, cpu_trace, ns
-from ranklens.ingest import kineto, load_traces, loader
+from ranklens.ingest import kineto, kineto_schedule, load_traces, loader
 from ranklens.ingest.errors import RankError
 
 Ingest = Callable[..., duckdb.DuckDBPyConnection]
@@ -364,87 +361,14 @@ def test_parallel_pieces_match_serial(
     assert len(prep.pieces) > 10
     assert (bad_cuts(prep) > 0) == nested
     planned: list[int] = []
-    real = loader._parallel_file
+    real = kineto_schedule._parallel_file
 
     def spy(sink: Any, pool: Any, tid: int, prep: kineto.Prepared, rank: int, n: int) -> None:
         planned.append(len(prep.pieces))
         real(sink, pool, tid, prep, rank, n)
 
-    monkeypatch.setattr(loader, "_parallel_file", spy)
+    monkeypatch.setattr(kineto_schedule, "_parallel_file", spy)
     load_traces(paths, tmp_path / "parallel.duckdb", workers=2)
     assert len(planned) == 2 and min(planned) > 10  # pieces really were planned and decoded
     a, b = dump_tables(tmp_path / "serial.duckdb"), dump_tables(tmp_path / "parallel.duckdb")
     assert a == b and len(a["events"]) == 2 * (1 + 2 * 300)
-
-
-# -- real public traces, checked against Python's json on the same file --------------------------
-def json_facts(path: Path) -> dict[str, Any]:
-    """Facts computed independently of ranklens, with the standard json module."""
-    with (gzip.open if path.name.endswith(".gz") else open)(path, "rt") as f:
-        doc = json.load(f)
-    timed = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") != "Trace"]
-    kernels = [e for e in timed if e.get("cat") == "kernel"]
-    return {
-        "rank": (doc.get("distributedInfo") or {}).get("rank"),
-        "n_events": len(timed),
-        "per_stream": Counter(e["args"]["stream"] for e in kernels),
-        "nccl": sum(e["name"].startswith(("nccl", "void nccl")) for e in kernels),
-        "dpsk": sum("dpsk::ep::" in e["name"] for e in kernels),
-        "memcpy": sum(e.get("cat") == "gpu_memcpy" for e in timed),
-        "steps": {int(e["name"][13:]) for e in timed if e["name"].startswith("ProfilerStep#")},
-    }
-
-
-def check_against_json(con: duckdb.DuckDBPyConnection, rank: int, f: dict[str, Any]) -> None:
-    r = f"rank = {rank}"
-    assert q(con, f"SELECT count(*) FROM events WHERE {r}") == [(f["n_events"],)]
-    per_stream = dict(
-        q(con, f"SELECT stream, count(*) FROM events WHERE {r} AND cat = 'kernel' GROUP BY stream")
-    )
-    assert per_stream == dict(f["per_stream"])
-    comm = q(
-        con,
-        f"SELECT count(*) FILTER (WHERE name LIKE 'nccl%' OR name LIKE 'void nccl%'), "
-        f"count(*) FILTER (WHERE name LIKE '%dpsk::ep::%'), count(*) FROM events "
-        f"WHERE {r} AND cat = 'kernel' AND kind = 'comm'",
-    )
-    assert comm == [(f["nccl"], f["dpsk"], f["nccl"] + f["dpsk"])]
-    assert q(con, f"SELECT count(*) FROM events WHERE {r} AND kind = 'memcpy'") == [(f["memcpy"],)]
-    assert {s for (s,) in q(con, f"SELECT step FROM steps WHERE {r}")} == f["steps"]
-
-
-SINGLE_FILES = [
-    "hta-testdata/trace_filter/sampled_rank-0.json.gz",
-    "hta-testdata/trace_filter/sampled_rank-1.json.gz",
-    "hta-testdata/nccl_parser_config/nccl_data.json.gz",
-    "hta-testdata/negative_queue_length_values_check/rank0.json.gz",
-    "hta-testdata/trace_diff/control/control.json.gz",
-    "hta-testdata/trace_diff/test/test.json.gz",
-    "hta-testdata/df_index_resolver/df_index_resolver.json.gz",
-    "deepseek-profile-data/train.json",
-]
-
-
-@pytest.mark.shared
-@pytest.mark.parametrize("rel", SINGLE_FILES, ids=[Path(p).name for p in SINGLE_FILES])
-def test_public_trace_matches_json(ingest: Ingest, shared_traces: Path, rel: str) -> None:
-    path = shared_traces / rel
-    facts = json_facts(path)
-    con = ingest([path])  # each on its own: several are rank 0/1 of different jobs
-    (rank,) = q(con, "SELECT rank FROM ranks")[0]
-    assert facts["rank"] is None or rank == facts["rank"]
-    check_against_json(con, rank, facts)
-    assert facts["dpsk"] > 0 or not rel.startswith("deepseek")
-
-
-@pytest.mark.shared
-def test_public_dlrm_eight_ranks(ingest: Ingest, shared_traces: Path) -> None:
-    d = shared_traces / "param-dlrm-kineto" / "extracted"
-    con = ingest([d], workers=2)
-    assert q(con, "SELECT list(rank ORDER BY rank), max(world_size) FROM ranks") == [
-        (list(range(8)), 8)
-    ]
-    for path in sorted(d.glob("rank*.json.gz")):
-        facts = json_facts(path)
-        check_against_json(con, facts["rank"], facts)
-        assert facts["nccl"] > 0

@@ -1,0 +1,104 @@
+"""The `ranklens` Typer app and what every command shares: consoles, options, error output.
+
+Exit codes: 0 ok, 1 error (bad input, with `error:` and `hint:`), 2 usage error,
+3 a `check` threshold was exceeded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from ranklens.ingest import RanklensError
+from ranklens.ingest.config import RunOptions, pyproject_section, resolve_options
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+from ranklens import __version__
+
+EXIT_HELP = "Exit codes: 0 ok, 1 error, 2 usage error, 3 check threshold exceeded."
+
+app = typer.Typer(
+    name="ranklens",
+    help="Where did each training step's time go, on which rank, and what to change.\n\n"
+    + EXIT_HELP,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console(soft_wrap=False)
+err = Console(stderr=True)
+state = {"debug": False}
+
+FormatOpt = Annotated[
+    str, typer.Option("--format", "-f", help="table (rich text), json, csv or markdown.")
+]
+SkipBadOpt = Annotated[
+    bool, typer.Option("--skip-bad", help="Skip unreadable files (listed in the report).")
+]
+AllowMixedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-mixed", help="Ingest Kineto and Nsight files together (refused by default)."
+    ),
+]
+NoAlignOpt = Annotated[
+    bool, typer.Option("--no-align", help="Keep raw clocks (no cross-host offset estimate).")
+]
+OffsetsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--offsets", help='JSON of clock offsets in ns per rank or host: {"0": 0, "4": -1200}.'
+    ),
+]
+LayoutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--layout",
+        help="Parallel layout to label groups from their ranks: tp=2,pp=2,dp=2"
+        "[,order=tp-cp-ep-dp-pp] (fastest first). Default: [tool.ranklens] layout.",
+    ),
+]
+
+
+def progress_bar() -> Progress:
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    )
+
+
+def run_options(no_align: bool, offsets: Path | None, layout: str | None) -> RunOptions:
+    """Cross-rank options: flags, else [tool.ranklens] of ./pyproject.toml, else defaults."""
+    try:
+        return resolve_options(
+            no_align=no_align, offsets_file=offsets, layout=layout, section=pyproject_section()
+        )
+    except RanklensError as exc:
+        raise fail(exc) from None
+
+
+def fail(exc: RanklensError) -> typer.Exit:
+    if state["debug"]:
+        raise exc
+    err.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+    if exc.hint:
+        err.print(f"[bold]hint:[/] {exc.hint}", highlight=False)
+    return typer.Exit(1)
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version.")] = False,
+) -> None:
+    state["debug"] = debug
+    if version:
+        out.print(f"ranklens {__version__}")
+        raise typer.Exit(0)

@@ -1,0 +1,141 @@
+"""The CI faces of `ranklens`: `check` (thresholds, baseline) and `capture` (profile a run)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from ranklens.analysis import baseline as baseline_mod
+from ranklens.analysis import check as check_mod
+from ranklens.analysis import check_config
+from ranklens.cli import capture_run, check_render
+from ranklens.cli.app import (
+    SkipBadOpt,
+    app,
+    fail,
+    out,
+)
+from ranklens.ingest import RanklensError
+from ranklens.ingest.database import open_run
+
+_THRESHOLD_HELP = "Fraction (0.25) or percentage (25%)."
+
+
+@app.command()
+def check(
+    source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
+    max_bubble: Annotated[
+        str | None, typer.Option(help="Pipeline bubble, per stage. " + _THRESHOLD_HELP)
+    ] = None,
+    max_exposed_comm: Annotated[
+        str | None,
+        typer.Option(help="Exposed comm share per parallelism: 0.1, or dp=0.05,tp=0.10."),
+    ] = None,
+    min_overlap: Annotated[str | None, typer.Option(help="Overlap ratio per rank.")] = None,
+    max_comm_share: Annotated[str | None, typer.Option(help="Comm share per rank.")] = None,
+    max_idle: Annotated[str | None, typer.Option(help="Idle share per rank.")] = None,
+    max_straggler_wait: Annotated[
+        str | None, typer.Option(help="Share of the step others wait for one rank.")
+    ] = None,
+    max_align_residual_us: Annotated[
+        str | None, typer.Option(help="Clock alignment residual per rank, µs.")
+    ] = None,
+    baseline: Annotated[
+        str | None, typer.Option(help="Baseline run (database or trace directory) to compare with.")
+    ] = None,
+    max_regression: Annotated[
+        str | None, typer.Option(help="Regression allowed vs --baseline (5%).")
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            help="TOML file with thresholds ([check] table or pyproject's [tool.ranklens.check])."
+        ),
+    ] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", help="text, json, junit or github.")
+    ] = "text",
+    summary: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write a Markdown summary here (default with github: $GITHUB_STEP_SUMMARY)."
+        ),
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Say where each threshold came from.")
+    ] = False,
+    skip_bad: SkipBadOpt = False,
+) -> None:
+    """Fail a CI job (exit 3) when bubbles, exposed communication or regressions pass a
+    threshold. Thresholds: flag > --config / [tool.ranklens.check] > none."""
+    if fmt not in check_render.CHECK_FORMATS:
+        raise typer.BadParameter(f"unknown format {fmt!r}; use {check_render.CHECK_FORMATS}")
+    flags = {
+        "max_bubble": max_bubble,
+        "max_exposed_comm": max_exposed_comm,
+        "min_overlap": min_overlap,
+        "max_comm_share": max_comm_share,
+        "max_idle": max_idle,
+        "max_straggler_wait": max_straggler_wait,
+        "max_align_residual_us": max_align_residual_us,
+        "max_regression": max_regression,
+    }
+    try:
+        cfg = check_config.resolve(flags, config)
+        if baseline is not None and "max_regression" not in cfg.values:
+            cfg = check_config.resolve({**flags, "max_regression": "5%"}, config)
+        with open_run(source, on_error="skip" if skip_bad else "raise") as (con, _):
+            verdicts = check_mod.evaluate(con, cfg)
+            regressions: list[str] = []
+            if baseline is not None:
+                with open_run([baseline]) as (bcon, _):
+                    changes = baseline_mod.compare(con, bcon, cfg.values["max_regression"])
+                regressions = baseline_mod.summarize(changes)
+                verdicts.append(
+                    baseline_mod.verdict(
+                        changes, cfg.values["max_regression"], cfg.sources["max_regression"]
+                    )
+                )
+    except RanklensError as exc:
+        raise fail(exc) from None
+    if fmt == "json":
+        out.out(check_render.as_json(verdicts, regressions), highlight=False)
+    elif fmt == "junit":
+        out.out(check_render.as_junit(verdicts), highlight=False, end="")
+    elif fmt == "github":
+        out.out(check_render.as_github(verdicts), highlight=False, end="")
+        env_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        summary = summary or (Path(env_summary) if env_summary else None)
+    else:
+        check_render.as_text(verdicts, regressions, out, verbose)
+    if summary is not None:
+        with open(summary, "a") as fh:
+            fh.write(check_render.as_markdown(verdicts, regressions))
+    raise typer.Exit(check_mod.exit_code(verdicts))
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def capture(
+    ctx: typer.Context,
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")] = Path(
+        "ranklens-run"
+    ),
+    steps: Annotated[int, typer.Option(help="Steps to profile on every rank.")] = 3,
+    wait: Annotated[int, typer.Option(help="Steps to skip first (warm-up runs after).")] = 1,
+) -> None:
+    """Run a training command and profile a few steps on every rank, e.g.
+    `ranklens capture -o run -- torchrun --nproc-per-node 4 train.py`. Each optimizer.step()
+    ends a step; processes with a RANK (torchrun, SLURM) write run/rank{r}.json.gz."""
+    command = list(ctx.args)
+    if not command:
+        raise typer.BadParameter("give the command after --, e.g. -- torchrun ... train.py")
+    try:
+        result = capture_run.run(command, out_dir, steps=steps, wait=wait)
+    except RanklensError as exc:
+        raise fail(exc) from None
+    out.print(f"captured {len(result['ranks'])} rank(s) into {out_dir}: ranks {result['ranks']}")
+    out.print(f"next: ranklens report {out_dir}   |   ranklens check {out_dir} --max-bubble 0.25")

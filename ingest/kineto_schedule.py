@@ -1,0 +1,125 @@
+"""Decoding Kineto files into the writer: serially for small runs, else in worker processes.
+
+Why: files, and ~16 MB pieces of large files, decode independently; the main process stays the
+only DuckDB writer and keeps a bounded number of files and pieces in flight.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from concurrent.futures import Future, ProcessPoolExecutor
+
+import pyarrow as pa
+from ranklens.ingest import kineto
+from ranklens.ingest.errors import RanklensError
+from ranklens.ingest.sink import Progress, Sink, file_size
+
+
+def _finish_file(
+    sink: Sink, tid: int, prep: kineto.Prepared, rank: int, pieces: list[kineto.Piece]
+) -> None:
+    n = 0
+    for pc in pieces:
+        n += pc.rows
+        sink.add_threads(rank, pc.threads)
+        sink.groups += pc.groups
+    sink.groups += prep.groups
+    sink.add_rank(tid, prep.path, "kineto", prep.size_bytes, prep.sha256, rank, prep.info, n)
+
+
+def _serial_file(sink: Sink, tid: int, prep: kineto.Prepared, rank: int) -> None:
+    pieces = []
+    i = 0
+    while i < len(prep.pieces):
+        pc = kineto.decode_piece(prep, i, rank, tid, serial=True)
+        sink.add_events(pc.table)
+        pieces.append(pc)
+        i += pc.consumed
+    _finish_file(sink, tid, prep, rank, pieces)
+
+
+def run_serial(
+    sink: Sink, files: list[str], progress: Progress | None, done: int, total: int
+) -> None:
+    for tid, f in enumerate(files):
+        prep = None
+        try:
+            prep = kineto.prepare(f)
+            rank = sink.claim_rank(tid, f, prep.rank)
+            _serial_file(sink, tid, prep, rank)
+        except RanklensError as err:
+            sink.fail(tid, f, err, file_size(f))
+        finally:
+            if prep is not None:
+                kineto.cleanup(prep)
+        done += file_size(f)
+        if progress:
+            progress(done, total)
+
+
+def run_parallel(
+    sink: Sink, files: list[str], n: int, progress: Progress | None, done: int, total: int
+) -> None:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["ranklens.ingest.kineto"])
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+        # Files are prepared (hashed, inflated to temp files) at most `n` ahead of the one being
+        # decoded, so temp disk and memory stay bounded however many ranks the run has.
+        preps: list[Future[kineto.Prepared]] = []
+
+        def prepare_upto(i: int) -> None:
+            while len(preps) < min(len(files), i + n + 1):
+                preps.append(pool.submit(kineto.prepare, files[len(preps)], kineto.PIECE_BYTES))
+
+        try:
+            for tid, f in enumerate(files):
+                prepare_upto(tid)
+                fut = preps[tid]
+                prep = None
+                try:
+                    prep = fut.result()
+                    rank = sink.claim_rank(tid, f, prep.rank)
+                    _parallel_file(sink, pool, tid, prep, rank, n)
+                except RanklensError as err:
+                    sink.fail(tid, f, err, file_size(f))
+                finally:
+                    if prep is not None:
+                        kineto.cleanup(prep)
+                done += file_size(f)
+                if progress:
+                    progress(done, total)
+        finally:
+            # On an early exit (error, interrupt) files prepared ahead still hold inflated .gz
+            # copies: remove them as their preparation ends (the pool waits for it on exit).
+            for fut in preps:
+                fut.cancel()
+                fut.add_done_callback(_cleanup_prepared)
+
+
+def _cleanup_prepared(fut: Future[kineto.Prepared]) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        kineto.cleanup(fut.result())
+
+
+def _parallel_file(
+    sink: Sink, pool: ProcessPoolExecutor, tid: int, prep: kineto.Prepared, rank: int, n: int
+) -> None:
+    pending: list[Future[kineto.Piece]] = []
+    pieces: list[kineto.Piece] = []
+    nxt = 0
+    try:
+        while nxt < len(prep.pieces) or pending:
+            while nxt < len(prep.pieces) and len(pending) < n:
+                pending.append(pool.submit(kineto.decode_piece, prep, nxt, rank, tid))
+                nxt += 1
+            pc = pending.pop(0).result()
+            sink.add_events(pc.table)
+            pc.table = pa.table({})  # free the Arrow memory early
+            pieces.append(pc)
+    except kineto.BadCut:
+        for f in pending:
+            f.cancel()
+        sink.con.execute("DELETE FROM events WHERE trace_id = ?", [tid])
+        _serial_file(sink, tid, prep, rank)
+        return
+    _finish_file(sink, tid, prep, rank, pieces)

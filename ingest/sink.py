@@ -1,0 +1,167 @@
+"""The single DuckDB writer of an ingest, and what it records (ranks, skipped files).
+
+Why apart from loader.py: readers' results from any format pass through one object that owns
+the connection, claims ranks (a rank never comes from two files) and turns a bad file into a
+recorded skip or a raised error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from ranklens.ingest import kineto
+from ranklens.ingest._model import RankPart
+from ranklens.ingest.errors import RankError, RanklensError
+
+Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+
+
+@dataclass
+class Skipped:
+    """A file that was not ingested, and why."""
+
+    path: str
+    reason: str
+
+
+@dataclass
+class IngestReport:
+    """What an ingest did: ranks loaded, events, files skipped (never silently)."""
+
+    db_path: str
+    ranks: list[int] = field(default_factory=list)
+    n_events: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+class Sink:
+    """The single writer: files' results go into the database through here."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, report: IngestReport, on_error: str):
+        self.con = con
+        self.report = report
+        self.on_error = on_error
+        self.rank_of: dict[tuple[int, str], int] = {}  # (trace_id, path) -> rank
+        self.path_of_rank: dict[int, str] = {}
+        self.groups: list[dict[str, Any]] = []
+        self.threads: set[tuple[int, int, int, str]] = set()
+
+    def fail(self, trace_id: int, path: str, err: RanklensError, size: int = 0) -> None:
+        if self.on_error == "raise":
+            raise err
+        for key in [k for k in self.rank_of if k[0] == trace_id]:
+            self.path_of_rank.pop(self.rank_of.pop(key), None)
+        for table in ("events", "ranks", "sources"):
+            self.con.execute(f"DELETE FROM {table} WHERE trace_id = ?", [trace_id])
+        self.report.skipped.append(Skipped(path, err.message))
+        self.con.execute(
+            "INSERT INTO sources VALUES (?, ?, 'unknown', ?, NULL, NULL, 0, 'skipped', ?)",
+            [trace_id, path, size, err.message],
+        )
+
+    def claim_rank(self, trace_id: int, path: str, rank: int | None) -> int:
+        if rank is None:
+            raise RankError(
+                f"{path}: cannot tell which rank wrote this trace (no distributedInfo.rank, "
+                "no rank number in the file name)",
+                "rename the file to include its rank, e.g. rank3.json.gz",
+            )
+        if rank in self.path_of_rank:
+            raise RankError(
+                f"{path}: rank {rank} is already claimed by {self.path_of_rank[rank]}",
+                "each rank must come from exactly one file; remove the duplicate",
+            )
+        self.path_of_rank[rank] = path
+        self.rank_of[(trace_id, f"{path}#{len(self.rank_of)}")] = rank
+        return rank
+
+    def add_events(self, table: pa.Table) -> None:
+        self.con.register("_piece", table)
+        cols = ", ".join(f'"{c}"' for c in table.column_names)
+        self.con.execute(f"INSERT INTO events ({cols}) SELECT {cols} FROM _piece")
+        self.con.unregister("_piece")
+
+    def add_rank(
+        self,
+        trace_id: int,
+        path: str,
+        fmt: str,
+        size: int,
+        sha: str | None,
+        rank: int,
+        info: dict[str, Any],
+        n_events: int,
+    ) -> None:
+        self.con.execute(
+            "INSERT INTO sources VALUES (?, ?, ?, ?, ?, ?, ?, 'ok', NULL)",
+            [trace_id, path, fmt, size, sha, rank, n_events],
+        )
+        self.con.execute(
+            "INSERT INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 'none', NULL)",
+            [
+                rank,
+                info.get("world_size"),
+                trace_id,
+                info.get("host"),
+                info.get("pid"),
+                info.get("backend"),
+                info.get("device_name"),
+                info.get("num_sms"),
+                bool(info.get("has_gpu")),
+            ],
+        )
+
+    def add_threads(self, rank: int, threads: Iterable[tuple[int, int, str]]) -> None:
+        rows = {(rank, p, t, n) for p, t, n in threads}
+        if rows:
+            self.con.executemany("INSERT INTO threads VALUES (?, ?, ?, ?)", sorted(rows))
+
+    def nsys(self, trace_id: int, path: str) -> None:
+        """Nsight reports: each may hold several ranks (one per process)."""
+        try:
+            from ranklens.ingest.nsys import read_nsys
+
+            parts: list[RankPart] = read_nsys(Path(path), trace_id)
+            for part in parts:
+                rank = self.claim_rank(
+                    trace_id,
+                    path,
+                    part.rank if part.rank is not None else kineto._rank_from_name(path),
+                )
+                n = 0
+                for t in part.events:
+                    t = _with_rank(t, rank, trace_id)
+                    self.add_events(t)
+                    n += t.num_rows
+                self.add_rank(trace_id, path, "nsys", file_size(path), None, rank, part.info, n)
+                self.add_threads(rank, part.threads)
+                self.groups += part.groups
+                self.report.warnings += [f"{path}: {w}" for w in part.warnings]
+        except RanklensError as err:
+            self.fail(trace_id, path, err, file_size(path))
+
+
+def _with_rank(t: pa.Table, rank: int, trace_id: int) -> pa.Table:
+    n = t.num_rows
+    for name, val in (("rank", rank), ("trace_id", trace_id)):
+        col = pa.repeat(pa.scalar(val, pa.int32()), n)
+        t = (
+            t.set_column(t.column_names.index(name), name, col)
+            if name in t.column_names
+            else t.append_column(name, col)
+        )
+    return t
