@@ -82,17 +82,24 @@ def _device(cols: list[pa.Array], shift: int) -> dict[str, Value]:
     }
 
 
+def _device_exprs(rep: Report, t: str) -> list[str]:
+    """The columns `_device` reads, in its order, for a memcpy/memset table."""
+    return [
+        "start",
+        '"end"',
+        rep.col(t, "correlationId"),
+        rep.col(t, "globalPid", "0"),
+        "deviceId",
+        "streamId",
+    ]
+
+
 def read_memops(rep: Report, shift: int) -> Iterator[pa.Table]:
     """Memcpy and memset rows, named the way Kineto names them."""
     if rep.has(MEMCPY):
         t = MEMCPY
         exprs = [
-            "start",
-            '"end"',
-            rep.col(t, "correlationId"),
-            rep.col(t, "globalPid", "0"),
-            "deviceId",
-            "streamId",
+            *_device_exprs(rep, t),
             "bytes",
             "copyKind",
             rep.col(t, "srcKind"),
@@ -115,16 +122,7 @@ def read_memops(rep: Report, shift: int) -> Iterator[pa.Table]:
             )
     if rep.has(MEMSET):
         t = MEMSET
-        exprs = [
-            "start",
-            '"end"',
-            rep.col(t, "correlationId"),
-            rep.col(t, "globalPid", "0"),
-            "deviceId",
-            "streamId",
-            "bytes",
-            rep.col(t, "memKind"),
-        ]
+        exprs = [*_device_exprs(rep, t), "bytes", rep.col(t, "memKind")]
         for cols in rep.int_chunks(t, exprs):
             name = labels(_small(cols[7]), lambda k: f"Memset ({MEM_KIND.get(k - 1, 'Unknown')})")
             yield build(
