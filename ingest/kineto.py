@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 import pyarrow as pa
+from ranklens.ingest import kineto_fast
 from ranklens.ingest.errors import TraceFormatError
 from ranklens.ingest.kineto_events import _Event, _fail, _parse_ranks, columns
 
@@ -144,26 +145,8 @@ def _prepare_data(
     if raw_size == 0:
         raise _fail(path, "the file is empty")
     with open(data_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        try:
-            hdr = msgspec.json.decode(mm, type=_Header)
-        except msgspec.ValidationError as exc:  # (a DecodeError subclass: test it first)
-            raise _fail(path, f"not a Kineto trace: {exc}") from None
-        except msgspec.DecodeError as exc:
-            raise _fail(path, f"not valid JSON: {exc}") from None
-        except UnicodeDecodeError as exc:
-            raise _fail(path, f"invalid UTF-8 at byte {_utf8_error_at(mm, exc, 0)}") from None
-        events_len = len(hdr.traceEvents)
-        hdr.traceEvents = msgspec.Raw(b"")  # drop the view into the mmap before closing it
-        if events_len == 0:
-            raise _fail(path, "no `traceEvents` array: this is not a Kineto trace")
-        m = _TRACE_EVENTS_RE.search(mm)
-        if m is None:
-            raise _fail(path, "could not locate the `traceEvents` array")
-        start = m.end() - 1
-        end = start + events_len
-        if mm[end - 1 : end] != b"]":
-            raise _fail(path, "could not delimit the `traceEvents` array")
-        pieces = _plan_pieces(mm, start + 1, end - 1, piece_bytes)
+        located = _locate_fast(mm, piece_bytes) or _locate_checked(path, mm, piece_bytes)
+        hdr, start, end, pieces = located
         has_device = _HAS_DEVICE_RE.search(mm, start, end) is not None
     dist = hdr.distributedInfo or _DistInfo()
     rank = dist.rank if dist.rank is not None else _rank_from_name(path)
@@ -190,6 +173,57 @@ def _prepare_data(
         pieces=pieces,
         raw_bytes=raw_size,
     )
+
+
+Located = tuple[_Header, int, int, list[tuple[int, int]]]
+
+
+def _locate_checked(path: str, mm: mmap.mmap, piece_bytes: int) -> Located:
+    """Header and events array through a full decode of the file (which also validates it)."""
+    try:
+        hdr = msgspec.json.decode(mm, type=_Header)
+    except msgspec.ValidationError as exc:  # (a DecodeError subclass: test it first)
+        raise _fail(path, f"not a Kineto trace: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise _fail(path, f"not valid JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise _fail(path, f"invalid UTF-8 at byte {_utf8_error_at(mm, exc, 0)}") from None
+    events_len = len(hdr.traceEvents)
+    hdr.traceEvents = msgspec.Raw(b"")  # drop the view into the mmap before closing it
+    if events_len == 0:
+        raise _fail(path, "no `traceEvents` array: this is not a Kineto trace")
+    m = _TRACE_EVENTS_RE.search(mm)
+    if m is None:
+        raise _fail(path, "could not locate the `traceEvents` array")
+    start = m.end() - 1
+    end = start + events_len
+    if mm[end - 1 : end] != b"]":
+        raise _fail(path, "could not delimit the `traceEvents` array")
+    return hdr, start, end, _plan_pieces(mm, start + 1, end - 1, piece_bytes)
+
+
+def _locate_fast(mm: mmap.mmap, piece_bytes: int) -> Located | None:
+    """The same without reading the events twice (needs the C scanner): cut from the array's
+    start to the end of the file, find the array's end from the last cut, and decode the
+    header around it. A cut inside a nested value or any oddity gives a header that does not
+    decode, or pieces that do not scan; then the checked path above decides."""
+    if not kineto_fast.available():
+        return None
+    m = _TRACE_EVENTS_RE.search(mm)
+    if m is None:
+        return None
+    start = m.end() - 1
+    pieces = _plan_pieces(mm, start + 1, len(mm), piece_bytes)
+    try:
+        end = kineto_fast.skip_events(mm, pieces[-1][0])
+        hdr = msgspec.json.decode(mm[:start] + b"[]" + mm[end:], type=_Header)
+    except (ValueError, msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    if bytes(hdr.traceEvents) != b"[]":
+        return None
+    hdr.traceEvents = msgspec.Raw(b"")
+    pieces[-1] = (pieces[-1][0], end - 1)
+    return hdr, start, end, pieces
 
 
 def _groups(dist: _DistInfo) -> list[dict[str, Any]]:
@@ -256,6 +290,11 @@ def decode_piece(
     lo, hi = prep.pieces[index]
     consumed = 1
     with open(prep.data_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        fast = kineto_fast.columns(
+            mm, lo, hi, prep.has_device, prep.info.get("backend"), prep.base_ns, rank, trace_id
+        )
+        if fast is not None:
+            return Piece(fast[0], fast[1], fast[2], consumed, fast[0].num_rows)
         while True:
             try:
                 events = msgspec.json.decode(b"[" + mm[lo:hi] + b"]", type=list[_Event])

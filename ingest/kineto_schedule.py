@@ -119,7 +119,7 @@ def _parallel_file(
     except kineto.BadCut:
         for f in pending:
             f.cancel()
-        sink.con.execute("DELETE FROM events WHERE trace_id = ?", [tid])
+        sink.drop_events(tid)
         _serial_file(sink, tid, prep, rank)
         return
     _finish_file(sink, tid, prep, rank, pieces)

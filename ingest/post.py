@@ -1,7 +1,7 @@
-"""Cross-event work done once after all ranks are in: steps, process groups, event order.
+"""Cross-rank work done once after all ranks are in: comm args, process groups, views.
 
-Why SQL: these are joins over millions of rows (host step spans -> launches -> kernels) that
-DuckDB does in parallel and out of core; Python never loops over events here.
+Why SQL: these are joins over millions of rows that DuckDB does in parallel and out of core;
+Python never loops over events here. (Per-rank work, the steps, is done in steps.py.)
 """
 
 from __future__ import annotations
@@ -10,117 +10,12 @@ from typing import Any
 
 import duckdb
 from ranklens.ingest.groups import label_from_description
-from ranklens.ingest.schema import TABLE_BY_NAME
-
-# Algorithm: host events take the ProfilerStep span that contains their start (ASOF join);
-# device events take the step of the host launch with the same correlation id; device events
-# with no launch (e.g. projected annotations) take the device window that contains them.
-_STEP_SQL = r"""
-CREATE OR REPLACE TEMP TABLE _cpu_steps AS
-SELECT rank, CAST(regexp_extract(name, '#(\d+)$', 1) AS INTEGER) AS step,
-       min(ts_ns) AS cpu_start_ns, max(ts_ns + dur_ns) AS cpu_end_ns
-FROM events
-WHERE kind = 'annotation' AND device = -1 AND regexp_matches(name, '^ProfilerStep#\d+$')
-GROUP BY ALL;
-
-CREATE OR REPLACE TEMP TABLE _host_step AS
-SELECT e.rowid AS rid, s.step
-FROM events e ASOF JOIN _cpu_steps s ON e.rank = s.rank AND e.ts_ns >= s.cpu_start_ns
-WHERE e.device = -1 AND e.ts_ns < s.cpu_end_ns;
-
-CREATE OR REPLACE TEMP TABLE _launch_step AS
-SELECT e.rank, e.correlation, any_value(h.step) AS step
-FROM events e JOIN _host_step h ON e.rowid = h.rid
-WHERE e.kind IN ('runtime', 'sync') AND e.correlation IS NOT NULL
-GROUP BY ALL;
-
-CREATE OR REPLACE TEMP TABLE _dev_step AS
-SELECT e.rowid AS rid, l.step
-FROM events e JOIN _launch_step l ON e.rank = l.rank AND e.correlation = l.correlation
-WHERE e.device >= 0;
-
-CREATE OR REPLACE TEMP TABLE _windows AS
-WITH dev AS (
-  SELECT e.rank, d.step, min(e.ts_ns) AS s, max(e.ts_ns + e.dur_ns) AS t
-  FROM events e JOIN _dev_step d ON e.rowid = d.rid
-  WHERE e.kind IN ('compute', 'comm', 'memcpy', 'memset')
-  GROUP BY ALL
-), host AS (
-  SELECT e.rank, h.step, max(e.ts_ns + e.dur_ns) AS t
-  FROM events e JOIN _host_step h ON e.rowid = h.rid
-  GROUP BY ALL
-)
-SELECT c.rank, c.step, c.cpu_start_ns, c.cpu_end_ns,
-       CASE WHEN r.has_gpu AND dev.s IS NOT NULL THEN dev.s ELSE c.cpu_start_ns END AS start_ns,
-       CASE WHEN r.has_gpu AND dev.t IS NOT NULL THEN dev.t
-            ELSE greatest(c.cpu_end_ns, coalesce(host.t, c.cpu_end_ns)) END AS end_ns
-FROM _cpu_steps c JOIN ranks r USING (rank)
-LEFT JOIN dev USING (rank, step) LEFT JOIN host USING (rank, step);
-
--- Device events with no launch record (their runtime call fell outside the capture) belong to
--- the step whose host span or device window contains their start.
-CREATE OR REPLACE TEMP TABLE _late_step AS
-SELECT e.rowid AS rid, w.step
-FROM events e ASOF JOIN (SELECT rank, step, least(start_ns, cpu_start_ns) AS lo, end_ns
-                         FROM _windows) w ON e.rank = w.rank AND e.ts_ns >= w.lo
-WHERE e.device >= 0 AND e.ts_ns < w.end_ns
-  AND e.rowid NOT IN (SELECT rid FROM _dev_step);
-
-UPDATE _windows SET start_ns = least(_windows.start_ns, x.s)
-FROM (SELECT e.rank, l.step, min(e.ts_ns) AS s
-      FROM events e JOIN _late_step l ON e.rowid = l.rid
-      WHERE e.kind IN ('compute', 'comm', 'memcpy', 'memset') GROUP BY ALL) x
-WHERE _windows.rank = x.rank AND _windows.step = x.step;
-
--- W is the hull of the step's device work: a late event (no launch) that starts inside W but
--- ends after it extends W, else the step's activity would exceed W (negative idle).
-UPDATE _windows SET end_ns = greatest(_windows.end_ns, x.t)
-FROM (SELECT e.rank, l.step, max(e.ts_ns + e.dur_ns) AS t
-      FROM events e JOIN _late_step l ON e.rowid = l.rid
-      WHERE e.kind IN ('compute', 'comm', 'memcpy', 'memset') GROUP BY ALL) x
-WHERE _windows.rank = x.rank AND _windows.step = x.step;
-"""
-
-# Ranks without any ProfilerStep span: one pseudo-step (-1) covering the whole trace.
-_WHOLE_TRACE_SQL = """
-INSERT INTO _windows
-SELECT e.rank, -1, min(e.ts_ns), max(e.ts_ns + e.dur_ns),
-       min(e.ts_ns) FILTER (WHERE NOT r.has_gpu OR e.device >= 0),
-       max(e.ts_ns + e.dur_ns) FILTER (WHERE NOT r.has_gpu OR e.device >= 0)
-FROM events e JOIN ranks r USING (rank)
-WHERE e.rank NOT IN (SELECT rank FROM _cpu_steps)
-  AND e.kind IN ('compute', 'comm', 'memcpy', 'memset', 'cpu_op', 'runtime', 'sync')
-GROUP BY e.rank;
-"""
 
 
 def finish_database(con: duckdb.DuckDBPyConnection, groups: list[dict[str, Any]]) -> None:
-    """Assign steps, fill the steps and process_groups tables, order events for fast scans."""
-    con.execute(_STEP_SQL)
-    con.execute(_WHOLE_TRACE_SQL)
-    con.execute(
-        """INSERT INTO steps SELECT rank, step, cpu_start_ns, cpu_end_ns, start_ns, end_ns,
-           CASE WHEN step = -1 THEN 'trace' ELSE 'profiler_step' END FROM _windows
-           WHERE start_ns IS NOT NULL ORDER BY rank, step"""
-    )
+    """Fill in what needs every rank: comm args from launching ops, process groups, views.
+    (Steps are assigned per rank before its events are written: steps.py.)"""
     _fill_comm_args(con)
-    cols = TABLE_BY_NAME["events"].column_names
-    select = ", ".join(
-        "coalesce(h.step, d.step, l.step, CASE WHEN e.rank IN (SELECT rank FROM _windows "
-        "WHERE step = -1) THEN -1 END) AS step"
-        if c == "step"
-        else f'e."{c}"'
-        for c in cols
-    )
-    con.execute(
-        f"""CREATE TABLE _events_sorted AS SELECT {select}
-        FROM events e LEFT JOIN _host_step h ON e.rowid = h.rid
-        LEFT JOIN _dev_step d ON e.rowid = d.rid LEFT JOIN _late_step l ON e.rowid = l.rid"""
-    )
-    con.execute("DROP TABLE events")
-    con.execute("ALTER TABLE _events_sorted RENAME TO events")
-    for t in ("_cpu_steps", "_host_step", "_launch_step", "_dev_step", "_windows", "_late_step"):
-        con.execute(f"DROP TABLE IF EXISTS {t}")
     _insert_groups(con, groups)
     con.execute(
         """UPDATE ranks SET pid = p.pid FROM (SELECT rank, mode(pid) AS pid FROM events

@@ -18,6 +18,7 @@ import pyarrow as pa
 from ranklens.ingest import kineto
 from ranklens.ingest._model import RankPart
 from ranklens.ingest.errors import RankError, RanklensError
+from ranklens.ingest.steps import write_rank
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -59,13 +60,19 @@ class Sink:
         self.path_of_rank: dict[int, str] = {}
         self.groups: list[dict[str, Any]] = []
         self.threads: set[tuple[int, int, int, str]] = set()
+        # A rank's event pieces wait here until the rank is complete (add_rank): its steps are
+        # assigned on them and they are written once (steps.write_rank).
+        self._staged: dict[int, list[pa.Table]] = {}
 
     def fail(self, trace_id: int, path: str, err: RanklensError, size: int = 0) -> None:
         if self.on_error == "raise":
             raise err
-        for key in [k for k in self.rank_of if k[0] == trace_id]:
-            self.path_of_rank.pop(self.rank_of.pop(key), None)
-        for table in ("events", "ranks", "sources"):
+        ranks = [self.rank_of.pop(k) for k in [k for k in self.rank_of if k[0] == trace_id]]
+        for rank in ranks:
+            self.path_of_rank.pop(rank, None)
+            self.con.execute("DELETE FROM steps WHERE rank = ?", [rank])
+        self.drop_events(trace_id)
+        for table in ("ranks", "sources"):
             self.con.execute(f"DELETE FROM {table} WHERE trace_id = ?", [trace_id])
         self.report.skipped.append(Skipped(path, err.message))
         self.con.execute(
@@ -90,10 +97,22 @@ class Sink:
         return rank
 
     def add_events(self, table: pa.Table) -> None:
-        self.con.register("_piece", table)
-        cols = ", ".join(f'"{c}"' for c in table.column_names)
-        self.con.execute(f"INSERT INTO events ({cols}) SELECT {cols} FROM _piece")
-        self.con.unregister("_piece")
+        """Stage a piece of a rank's events (all its rows carry one rank)."""
+        if table.num_rows:
+            self._staged.setdefault(table["rank"][0].as_py(), []).append(table)
+
+    def drop_events(self, trace_id: int) -> None:
+        """Forget a file's events, staged or written (its file turned out bad)."""
+        for rank in list(self._staged):
+            self._staged[rank] = [t for t in self._staged[rank] if not _is_trace(t, trace_id)]
+        self.con.execute("DELETE FROM events WHERE trace_id = ?", [trace_id])
+
+    def _write_rank(self, rank: int, has_gpu: bool) -> None:
+        tables = self._staged.pop(rank, [])
+        if tables:
+            ev = pa.concat_tables(_same_types(tables), promote_options="permissive")
+            tables.clear()
+            write_rank(self.con, rank, has_gpu, ev)
 
     def add_rank(
         self,
@@ -124,6 +143,7 @@ class Sink:
                 bool(info.get("has_gpu")),
             ],
         )
+        self._write_rank(rank, bool(info.get("has_gpu")))
 
     def add_threads(self, rank: int, threads: Iterable[tuple[int, int, str]]) -> None:
         rows = {(rank, p, t, n) for p, t, n in threads}
@@ -153,6 +173,24 @@ class Sink:
                 self.report.warnings += [f"{path}: {w}" for w in part.warnings]
         except RanklensError as err:
             self.fail(trace_id, path, err, file_size(path))
+
+
+def _is_trace(t: pa.Table, trace_id: int) -> bool:
+    return t.num_rows > 0 and t["trace_id"][0].as_py() == trace_id
+
+
+def _same_types(tables: list[pa.Table]) -> list[pa.Table]:
+    """A column dictionary-encoded in some pieces (the C scanner's names) is encoded in all, so
+    that the pieces concatenate without expanding the repeated strings."""
+    encoded = {f.name for t in tables for f in t.schema if pa.types.is_dictionary(f.type)}
+    out = []
+    for t in tables:
+        for name in encoded:
+            i = t.column_names.index(name)
+            if not pa.types.is_dictionary(t.schema.field(i).type):
+                t = t.set_column(i, name, t.column(i).cast(pa.string()).dictionary_encode())
+        out.append(t)
+    return out
 
 
 def _with_rank(t: pa.Table, rank: int, trace_id: int) -> pa.Table:

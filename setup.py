@@ -1,0 +1,19 @@
+"""Build hook for the optional C accelerator (ranklens.ingest._kscan).
+
+Why optional: ranklens reads every trace without it (the msgspec reference decoder); the
+scanner only makes large Kineto files decode several times faster. A machine without a C
+compiler still installs ranklens.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "ranklens.ingest._kscan",
+            ["ingest/_kscan.c"],
+            extra_compile_args=["-O3", "-fno-fast-math", "-ffp-contract=off"],
+            optional=True,
+        )
+    ]
+)
