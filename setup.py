@@ -12,6 +12,7 @@ setup(
         Extension(
             "ranklens.ingest._kscan",
             ["ingest/_kscan.c"],
+            depends=["ingest/_kscan_json.h", "ingest/_kscan_dict.h", "ingest/_kscan_events.h"],
             extra_compile_args=["-O3", "-fno-fast-math", "-ffp-contract=off"],
             optional=True,
         )
