@@ -87,7 +87,7 @@ class Prepared:
     raw_bytes: int = 0
 
 
-def _hash_file(path: str) -> str:
+def file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(8 * 1024 * 1024):
@@ -120,15 +120,17 @@ def _rank_from_name(path: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def prepare(path: str, piece_bytes: int | None = None) -> Prepared:
+def prepare(path: str, piece_bytes: int | None = None, with_hash: bool = True) -> Prepared:
     """First pass: hash, inflate, read the header, locate the events and plan the pieces.
 
     `piece_bytes` (default PIECE_BYTES) is passed explicitly by the parallel loader: this runs
-    in a worker process, where the parent's PIECE_BYTES setting would not be seen."""
+    in a worker process, where the parent's PIECE_BYTES setting would not be seen. That loader
+    hashes the file itself (`with_hash=False`) while the workers decode, off the critical path.
+    """
     if not os.path.isfile(path):
         raise _fail(path, "no such file", "check the path")
     size = os.path.getsize(path)
-    sha = _hash_file(path)
+    sha = file_sha256(path) if with_hash else ""
     data_path, tmp = _uncompressed(path)
     try:
         return _prepare_data(path, data_path, tmp, size, sha, piece_bytes or PIECE_BYTES)

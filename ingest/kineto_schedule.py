@@ -69,7 +69,9 @@ def run_parallel(
 
         def prepare_upto(i: int) -> None:
             while len(preps) < min(len(files), i + n + 1):
-                preps.append(pool.submit(kineto.prepare, files[len(preps)], kineto.PIECE_BYTES))
+                preps.append(
+                    pool.submit(kineto.prepare, files[len(preps)], kineto.PIECE_BYTES, False)
+                )
 
         try:
             for tid, f in enumerate(files):
@@ -112,6 +114,8 @@ def _parallel_file(
             while nxt < len(prep.pieces) and len(pending) < n:
                 pending.append(pool.submit(kineto.decode_piece, prep, nxt, rank, tid))
                 nxt += 1
+            if not prep.sha256:  # while the workers decode (hashlib releases the GIL)
+                prep.sha256 = kineto.file_sha256(prep.path)
             pc = pending.pop(0).result()
             sink.add_events(pc.table)
             pc.table = pa.table({})  # free the Arrow memory early
