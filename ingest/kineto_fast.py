@@ -162,19 +162,37 @@ def _kinds_ops(
     uniq, inverse = np.unique(pair, return_inverse=True)
     kinds, ops = [], []
     for p in uniq.tolist():
-        c, nm = cats[p // max(len(names), 1)], names[p % max(len(names), 1)]
-        kinds.append(kind_of(c, nm, has_dev))
-        ops.append(comm_op_of(c, nm, None))
+        kind, op = _classify(cats[p // max(len(names), 1)], names[p % max(len(names), 1)], has_dev)
+        kinds.append(kind)
+        ops.append(op)
     idx = pa.array(inverse.astype(np.int32))
     kind_arr = pa.DictionaryArray.from_arrays(idx, pa.array(kinds, pa.string()))
     op_arr = pa.array(ops, pa.string()).take(idx)
     if coll.null_count < len(coll):  # an explicit `Collective name` decides the op
-        rows = np.flatnonzero(coll.is_valid().to_numpy(zero_copy_only=False))
-        fixed = op_arr.to_pylist()
-        for i, text in zip(rows.tolist(), coll.take(pa.array(rows)).to_pylist(), strict=True):
-            fixed[i] = comm_op_of(cats[cat_codes[i]], names[name_codes[i]], text)
-        op_arr = pa.array(fixed, pa.string())
+        has = coll.is_valid()
+        rows = np.flatnonzero(has.to_numpy(zero_copy_only=False)).tolist()
+        texts = coll.take(pa.array(rows)).to_pylist()
+        fixed = [
+            comm_op_of(cats[cat_codes[i]], names[name_codes[i]], t)
+            for i, t in zip(rows, texts, strict=True)
+        ]
+        op_arr = pc.replace_with_mask(op_arr, has, pa.array(fixed, pa.string()))
     return kind_arr, op_arr
+
+
+_CLASSIFIED: dict[tuple[str, str, bool], tuple[str, str | None]] = {}
+
+
+def _classify(cat: str, name: str, has_dev: bool) -> tuple[str, str | None]:
+    """kind_of and comm_op_of, remembered across the pieces a worker decodes (the same few
+    hundred names recur in every piece)."""
+    key = (cat, name, has_dev)
+    hit = _CLASSIFIED.get(key)
+    if hit is None:
+        if len(_CLASSIFIED) > 100_000:
+            _CLASSIFIED.clear()
+        hit = _CLASSIFIED[key] = (kind_of(cat, name, has_dev), comm_op_of(cat, name, None))
+    return hit
 
 
 def _dtypes(dtype: pa.Array, ops: pa.Array, itypes: pa.Array) -> pa.Array:

@@ -7,6 +7,7 @@ only DuckDB writer and keeps a bounded number of files and pieces in flight.
 from __future__ import annotations
 
 import multiprocessing as mp
+from collections.abc import Callable, Generator
 from concurrent.futures import Future, ProcessPoolExecutor
 
 import pyarrow as pa
@@ -73,15 +74,22 @@ def run_parallel(
                     pool.submit(kineto.prepare, files[len(preps)], kineto.PIECE_BYTES, False)
                 )
 
+        # A file's rank is written (steps assigned, one INSERT) only after the next file's
+        # first pieces are in flight, so that the workers decode while the main process writes.
+        deferred: Callable[[], None] | None = None
         try:
             for tid, f in enumerate(files):
                 prepare_upto(tid)
-                fut = preps[tid]
                 prep = None
                 try:
-                    prep = fut.result()
+                    prep = preps[tid].result()
                     rank = sink.claim_rank(tid, f, prep.rank)
-                    _parallel_file(sink, pool, tid, prep, rank, n)
+                    decoding = _parallel_file(sink, pool, tid, prep, rank, n)
+                    next(decoding)  # this file's first pieces are now in flight
+                    if deferred is not None:
+                        deferred, finish_last = None, deferred
+                        finish_last()
+                    deferred = _drain(decoding)
                 except RanklensError as err:
                     sink.fail(tid, f, err, file_size(f))
                 finally:
@@ -90,12 +98,23 @@ def run_parallel(
                 done += file_size(f)
                 if progress:
                     progress(done, total)
+            if deferred is not None:
+                deferred()
         finally:
             # On an early exit (error, interrupt) files prepared ahead still hold inflated .gz
             # copies: remove them as their preparation ends (the pool waits for it on exit).
             for fut in preps:
                 fut.cancel()
                 fut.add_done_callback(_cleanup_prepared)
+
+
+def _drain(decoding: Generator[None, None, Callable[[], None]]) -> Callable[[], None]:
+    """Run a file's decoding to its end; its value is what writes the file's rank."""
+    while True:
+        try:
+            next(decoding)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
 
 
 def _cleanup_prepared(fut: Future[kineto.Prepared]) -> None:
@@ -105,15 +124,21 @@ def _cleanup_prepared(fut: Future[kineto.Prepared]) -> None:
 
 def _parallel_file(
     sink: Sink, pool: ProcessPoolExecutor, tid: int, prep: kineto.Prepared, rank: int, n: int
-) -> None:
+) -> Generator[None, None, Callable[[], None]]:
+    """Decode a file's pieces in the pool (yields once its first pieces are submitted); returns
+    what writes its rank."""
     pending: list[Future[kineto.Piece]] = []
     pieces: list[kineto.Piece] = []
     nxt = 0
+    first = True
     try:
         while nxt < len(prep.pieces) or pending:
             while nxt < len(prep.pieces) and len(pending) < n:
                 pending.append(pool.submit(kineto.decode_piece, prep, nxt, rank, tid))
                 nxt += 1
+            if first:
+                first = False
+                yield
             if not prep.sha256:  # while the workers decode (hashlib releases the GIL)
                 prep.sha256 = kineto.file_sha256(prep.path)
             pc = pending.pop(0).result()
@@ -124,6 +149,8 @@ def _parallel_file(
         for f in pending:
             f.cancel()
         sink.drop_events(tid)
-        _serial_file(sink, tid, prep, rank)
-        return
-    _finish_file(sink, tid, prep, rank, pieces)
+        _serial_file(sink, tid, prep, rank)  # now: the inflated copy of a .gz goes soon
+        return lambda: None
+    if first:  # no pieces at all
+        yield
+    return lambda: _finish_file(sink, tid, prep, rank, pieces)

@@ -363,9 +363,9 @@ def test_parallel_pieces_match_serial(
     planned: list[int] = []
     real = kineto_schedule._parallel_file
 
-    def spy(sink: Any, pool: Any, tid: int, prep: kineto.Prepared, rank: int, n: int) -> None:
+    def spy(sink: Any, pool: Any, tid: int, prep: kineto.Prepared, rank: int, n: int) -> Any:
         planned.append(len(prep.pieces))
-        real(sink, pool, tid, prep, rank, n)
+        return real(sink, pool, tid, prep, rank, n)
 
     monkeypatch.setattr(kineto_schedule, "_parallel_file", spy)
     load_traces(paths, tmp_path / "parallel.duckdb", workers=2)
