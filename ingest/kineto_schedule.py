@@ -87,7 +87,8 @@ def run_parallel(
                     decoding = _parallel_file(sink, pool, tid, prep, rank, n)
                     next(decoding)  # this file's first pieces are now in flight
                     if deferred is not None:
-                        deferred, finish_last = None, deferred
+                        finish_last = deferred
+                        deferred = None
                         finish_last()
                     deferred = _drain(decoding)
                 except RanklensError as err:

@@ -176,7 +176,7 @@ class Sink:
 
 
 def _is_trace(t: pa.Table, trace_id: int) -> bool:
-    return t.num_rows > 0 and t["trace_id"][0].as_py() == trace_id
+    return t.num_rows > 0 and bool(t["trace_id"][0].as_py() == trace_id)
 
 
 def _same_types(tables: list[pa.Table]) -> list[pa.Table]:
