@@ -5,6 +5,9 @@ that big are not in the repo, so this builds one (cached under benchmarks/_work)
 real trace's events with shifted timestamps and renumbered ids, then times each tool in a fresh
 subprocess while the parent samples the memory of the whole process tree (workers included).
 
+--ranks N splits the same size over N rank files (the usual case: the main process writes one
+rank while the workers decode the next); --pure-python also times the reference decoder alone
+(the C scanner turned off).
 Targets: >= 150 MB/s, peak memory <= 1.5x file size, >= 10x faster than HTA.
 Memory is the peak over time of the tree's summed PSS (proportional set size: pages shared by
 several processes, e.g. one mmap'd trace, count once); the summed RSS (which counts a shared page
@@ -18,6 +21,7 @@ import gzip
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -129,14 +133,15 @@ def _copies(events: list[dict[str, Any]]) -> Iterator[tuple[int, dict[str, Any]]
         k += 1
 
 
-def build_trace(source: Path, size_mb: int) -> tuple[Path, int]:
+def build_trace(source: Path, size_mb: int, rank: int | None = None) -> tuple[Path, int]:
     """Write (or reuse) a >= size_mb uncompressed Kineto JSON made from source; return path, events.
 
     Kineto's layout is kept (header keys in order, one event per line) because HTA finds the rank
-    by grepping lines for `"rank": N`.
+    by grepping lines for `"rank": N`. `rank` rewrites distributedInfo.rank (multi-rank runs).
     """
     WORK.mkdir(parents=True, exist_ok=True)
-    dest = WORK / f"big_{source.name.split('.')[0]}_{size_mb}mb.json"
+    tag = "" if rank is None else f"_rank{rank}"
+    dest = WORK / f"big_{source.name.split('.')[0]}_{size_mb}mb{tag}.json"
     sidecar = dest.with_suffix(".meta.json")
     if dest.exists() and sidecar.exists():
         meta = json.loads(sidecar.read_text())
@@ -146,6 +151,8 @@ def build_trace(source: Path, size_mb: int) -> tuple[Path, int]:
     with opener(source, "rb") as f:
         raw = f.read()
     doc = json.loads(raw)
+    if rank is not None:
+        doc["distributedInfo"] = {**(doc.get("distributedInfo") or {}), "rank": rank}
     events: list[dict[str, Any]] = doc["traceEvents"]
     n_events = n_copies = 0
     tmp = dest.with_suffix(".tmp")
@@ -209,11 +216,11 @@ def _tree_memory(proc: psutil.Process, cpu: dict[int, float]) -> tuple[float, fl
     return pss, rss, main
 
 
-def measure(cmd: list[str], interval_s: float = 0.1) -> Run:
+def measure(cmd: list[str], env: dict[str, str] | None = None, interval_s: float = 0.1) -> Run:
     """Run cmd in a fresh process; wall time, peak tree PSS/RSS and the child's ru_maxrss."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
         ps = psutil.Process(proc.pid)
         peak_pss = peak_rss = peak_main = 0.0
         cpu: dict[int, float] = {}
@@ -240,21 +247,34 @@ def measure(cmd: list[str], interval_s: float = 0.1) -> Run:
     return Run(wall, peak_pss, peak_main, peak_rss, usage.ru_maxrss / 1024, cpu_s, result)
 
 
-def run_ranklens(trace: Path, workers: int) -> Run:
-    """ranklens load_traces into a fresh DuckDB file, in its own process."""
+def run_ranklens(trace: Path, workers: int, pure_python: bool = False) -> Run:
+    """ranklens load_traces (a file, or a directory of rank files) into a fresh DuckDB file, in
+    its own process; `pure_python` turns the C scanner off (the reference decoder alone)."""
     db = WORK / "bench_ingest.duckdb"
     for p in (db, Path(str(db) + ".wal")):
         p.unlink(missing_ok=True)
-    run = measure([sys.executable, "-c", RANKLENS_CHILD, str(trace), str(db), str(workers)])
+    env = {**os.environ, "RANKLENS_PURE_PYTHON": "1" if pure_python else "0"}
+    run = measure([sys.executable, "-c", RANKLENS_CHILD, str(trace), str(db), str(workers)], env)
     db.unlink(missing_ok=True)
     return run
 
 
-def run_hta(trace: Path) -> Run:
-    """HTA TraceAnalysis(trace_dir=...) over a directory holding only a link to the trace."""
+def run_hta(traces: list[Path]) -> Run:
+    """HTA TraceAnalysis(trace_dir=...) over a directory holding only links to the traces."""
     with tempfile.TemporaryDirectory(dir=WORK, prefix="hta_dir_") as d:
-        os.symlink(trace, Path(d) / trace.name)
+        for trace in traces:
+            os.symlink(trace, Path(d) / trace.name)
         return measure([sys.executable, "-c", HTA_CHILD, d])
+
+
+def rank_dir(traces: list[Path]) -> Path:
+    """A directory of links to the rank files (what a user points ranklens at)."""
+    d = WORK / f"ranks_{len(traces)}"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir()
+    for t in traces:
+        os.symlink(t, d / t.name)
+    return d
 
 
 # ---------------------------------------------------------------- report
@@ -305,16 +325,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="trace to replicate")
     ap.add_argument("--skip-hta", action="store_true", help="only run ranklens")
     ap.add_argument("--workers", type=int, default=0, help="ranklens workers (0: its default)")
+    ap.add_argument("--ranks", type=int, default=1, help="split the size over this many rank files")
+    ap.add_argument(
+        "--pure-python", action="store_true", help="also time the reference decoder alone"
+    )
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    trace, n_events = build_trace(args.source, args.size_mb)
-    size_mb = trace.stat().st_size / MB
+    if args.ranks == 1:
+        built = [build_trace(args.source, args.size_mb)]
+    else:
+        per = max(1, args.size_mb // args.ranks)
+        built = [build_trace(args.source, per, rank=r) for r in range(args.ranks)]
+    traces = [t for t, _ in built]
+    n_events = sum(n for _, n in built)
+    size_mb = sum(t.stat().st_size for t in traces) / MB
+    target = traces[0] if len(traces) == 1 else rank_dir(traces)
     print(
-        f"built/reused {trace} in {time.perf_counter() - t0:.1f}s; load average now "
-        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (timings share the machine)"
+        f"built/reused {len(traces)} file(s) in {time.perf_counter() - t0:.1f}s; load average "
+        f"now {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (timings share the machine)"
     )
-    rl = run_ranklens(trace, args.workers)
-    hta = None if args.skip_hta else run_hta(trace)
+    rl = run_ranklens(target, args.workers)
+    if args.pure_python:
+        ref = run_ranklens(target, args.workers, pure_python=True)
+        print(
+            f"reference decoder alone (RANKLENS_PURE_PYTHON=1): {ref.wall_s:.2f} s wall, "
+            f"{size_mb / ref.wall_s:.1f} MB/s, peak PSS {ref.peak_pss_mb:.0f} MB"
+        )
+    hta = None if args.skip_hta else run_hta(traces)
     return 0 if report(size_mb, n_events, rl, hta) else 1
 
 
