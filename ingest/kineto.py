@@ -1,10 +1,12 @@
 """PyTorch profiler (Kineto) JSON reader.
 
 Why it is built this way: per-rank traces reach gigabytes, so the file is never decoded as one
-Python object tree. A first pass (msgspec, skipping the events) reads the header and finds the
-`traceEvents` array; the array is then cut into ~32 MB pieces at event boundaries and each piece
-is decoded with typed structs (only the fields analyses need) straight into Arrow columns. Pieces
-decode in parallel worker processes; memory stays bounded by pieces in flight.
+Python object tree. A first pass finds the `traceEvents` array and reads the header around it
+(with the C scanner: from the array's last piece only; without it: a msgspec pass that skips the
+events); the array is then cut into ~16 MB pieces at event boundaries and each piece is decoded
+straight into Arrow columns, by the C scanner (kineto_fast) or, for anything it refuses, by typed
+msgspec structs (kineto_events, the reference). Pieces decode in parallel worker processes;
+memory stays bounded by pieces in flight and one rank's staged columns.
 
 Time: absolute ns = `baseTimeNanoseconds` (0 in the old absolute-epoch flavour) + ts·1000, with
 the integer µs part converted exactly; sub-µs digits carry float64 precision (exact for relative
