@@ -167,25 +167,47 @@ static int parse_dims3(Parser *ps, char *out, int *set) {
     return 0;
 }
 
+/* Object iteration shared by events and args. At '{': 1 if the object is empty (consumed), 0 if
+ * a key follows, -1 on error. */
+static int obj_begin(Parser *ps, const char *what) {
+    if (ps->p >= ps->end || *ps->p != '{') FAIL(ps, what);
+    ps->p++;
+    ws(ps);
+    if (ps->p < ps->end && *ps->p == '}') { ps->p++; return 1; }
+    return 0;
+}
+
+/* A key (escaped keys are left to the reference decoder) and its ':'. */
+static int obj_key(Parser *ps, const u8 **k, Py_ssize_t *kn) {
+    int esc;
+    ws(ps);
+    if (ps->p >= ps->end || *ps->p != '"') FAIL(ps, "expected key");
+    if (scan_string(ps, k, kn, &esc) < 0) return -1;
+    if (esc) FAIL(ps, "escaped key");
+    ws(ps);
+    if (ps->p >= ps->end || *ps->p != ':') FAIL(ps, "expected ':'");
+    ps->p++;
+    return 0;
+}
+
+/* After a value: 1 if another key follows, 0 at the object's end, -1 on error. */
+static int obj_more(Parser *ps) {
+    ws(ps);
+    if (ps->p < ps->end && *ps->p == ',') { ps->p++; return 1; }
+    if (ps->p < ps->end && *ps->p == '}') { ps->p++; return 0; }
+    FAIL(ps, "expected ',' or '}'");
+}
+
 static int parse_args(Parser *ps, Ev *ev) {
     ws(ps);
     if (ps->p < ps->end && *ps->p == 'n') return expect_lit(ps, "null", 4);
-    if (ps->p >= ps->end || *ps->p != '{') FAIL(ps, "args is not an object");
-    ps->p++;
-    ws(ps);
-    if (ps->p < ps->end && *ps->p == '}') { ps->p++; return 0; }
-    for (;;) {
+    int more = obj_begin(ps, "args is not an object");
+    if (more) return more < 0 ? -1 : 0;
+    do {
         const u8 *k;
         Py_ssize_t kn;
-        int esc;
-        ws(ps);
-        if (ps->p >= ps->end || *ps->p != '"') FAIL(ps, "expected key");
-        if (scan_string(ps, &k, &kn, &esc) < 0) return -1;
-        if (esc) FAIL(ps, "escaped key");
-        ws(ps);
-        if (ps->p >= ps->end || *ps->p != ':') FAIL(ps, "expected ':'");
-        ps->p++;
         int r;
+        if (obj_key(ps, &k, &kn) < 0) return -1;
         if (key_is(k, kn, "External id")) r = parse_int(ps, &ev->ints[I_EXT], 0);
         else if (key_is(k, kn, "correlation")) r = parse_int(ps, &ev->ints[I_CORR], 0);
         else if (key_is(k, kn, "stream")) r = parse_int(ps, &ev->ints[I_STREAM], 0);
@@ -222,30 +244,19 @@ static int parse_args(Parser *ps, Ev *ev) {
         else if (key_is(k, kn, "Concrete Inputs")) r = parse_raw(ps, &ev->spans[S_CONCRETE]);
         else r = skip_value(ps, 2);
         if (r < 0) return -1;
-        ws(ps);
-        if (ps->p < ps->end && *ps->p == ',') { ps->p++; continue; }
-        if (ps->p < ps->end && *ps->p == '}') { ps->p++; return 0; }
-        FAIL(ps, "expected ',' or '}'");
-    }
+    } while ((more = obj_more(ps)) == 1);
+    return more;
 }
 
 static int parse_event(Parser *ps, Ev *ev) {
     memset(ev, 0, sizeof(*ev));
-    if (ps->p >= ps->end || *ps->p != '{') FAIL(ps, "event is not an object");
-    ps->p++;
-    ws(ps);
-    if (ps->p < ps->end && *ps->p == '}') { ps->p++; return 0; }
-    for (;;) {
+    int more = obj_begin(ps, "event is not an object");
+    if (more) return more < 0 ? -1 : 0;
+    do {
         const u8 *k;
         Py_ssize_t kn;
-        int esc, r;
-        ws(ps);
-        if (ps->p >= ps->end || *ps->p != '"') FAIL(ps, "expected key");
-        if (scan_string(ps, &k, &kn, &esc) < 0) return -1;
-        if (esc) FAIL(ps, "escaped key");
-        ws(ps);
-        if (ps->p >= ps->end || *ps->p != ':') FAIL(ps, "expected ':'");
-        ps->p++;
+        int r;
+        if (obj_key(ps, &k, &kn) < 0) return -1;
         if (key_is(k, kn, "ph")) r = parse_str(ps, &ev->ph, 0);
         else if (key_is(k, kn, "cat")) r = parse_str(ps, &ev->cat, 1);
         else if (key_is(k, kn, "name")) r = parse_str(ps, &ev->name, 0);
@@ -261,11 +272,8 @@ static int parse_event(Parser *ps, Ev *ev) {
             r = parse_args(ps, ev);
         } else r = skip_value(ps, 1);
         if (r < 0) return -1;
-        ws(ps);
-        if (ps->p < ps->end && *ps->p == ',') { ps->p++; continue; }
-        if (ps->p < ps->end && *ps->p == '}') { ps->p++; return 0; }
-        FAIL(ps, "expected ',' or '}'");
-    }
+    } while ((more = obj_more(ps)) == 1);
+    return more;
 }
 
 #endif
