@@ -32,21 +32,39 @@ def build(n: int, cols: dict[str, Value]) -> pa.Table:
     arrays: list[pa.Array] = []
     for f in SCHEMA:
         v = cols.get(f.name)
-        if v is None:
-            arrays.append(pa.nulls(n, f.type))
-        elif isinstance(v, pa.Array):
+        if isinstance(v, pa.Array):
             if v.type == f.type:
                 arrays.append(v)
             elif f.type == TEXT:
                 arrays.append(pc.dictionary_encode(v.cast(pa.string())).cast(TEXT))
             else:
                 arrays.append(v.cast(f.type))
-        elif f.type == TEXT:
-            zeros = pa.repeat(pa.scalar(0, pa.int32()), n)
-            arrays.append(pa.DictionaryArray.from_arrays(zeros, pa.array([v], pa.string())))
         else:
-            arrays.append(pa.repeat(pa.scalar(v, f.type), n))
+            arrays.append(constant(v, f.type, n))
     return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+_CONSTANTS: dict[tuple[object, pa.DataType], pa.Array] = {}
+
+
+def constant(value: str | int | None, typ: pa.DataType, n: int) -> pa.Array:
+    """n copies of value (NULL for None) as a zero-copy slice of one shared array.
+
+    Why: a kernel row leaves about half of the event columns NULL or constant; a fresh array per
+    column and chunk was ~0.5 GB of identical buffers held until the rank is written.
+    """
+    key = (value, typ)
+    base = _CONSTANTS.get(key)
+    if base is None or len(base) < n:
+        if value is None:
+            base = pa.nulls(n, typ)
+        elif typ == TEXT:
+            zeros = pa.repeat(pa.scalar(0, pa.int32()), n)
+            base = pa.DictionaryArray.from_arrays(zeros, pa.array([value], pa.string()))
+        else:
+            base = pa.repeat(pa.scalar(value, typ), n)
+        _CONSTANTS[key] = base
+    return base.slice(0, n)
 
 
 def plain(t: pa.Table) -> pa.Table:
@@ -143,7 +161,7 @@ class Names:
             if k == "_ids":
                 continue
             if v.null_count == len(v):  # no comm kernel yet: op, dtype stay NULL cheaply
-                out[k] = pa.nulls(len(ids), TEXT if v.type == pa.string() else v.type)
+                out[k] = constant(None, TEXT if v.type == pa.string() else v.type, len(ids))
             elif v.type == pa.string():
                 out[k] = text_of(idx, v)
             else:

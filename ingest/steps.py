@@ -93,6 +93,25 @@ WHERE NOT EXISTS (SELECT 1 FROM _cpu_steps)
 HAVING count(*) > 0;
 """
 
+# A rank with no ProfilerStep span (e.g. most Nsight exports): only the pseudo-step, without
+# the joins above over every event.
+_NO_STEP_SQL = r"""
+CREATE OR REPLACE TEMP TABLE _cpu_steps (step INTEGER, cpu_start_ns BIGINT, cpu_end_ns BIGINT);
+CREATE OR REPLACE TEMP TABLE _host_step (rid BIGINT, step INTEGER);
+CREATE OR REPLACE TEMP TABLE _dev_step (rid BIGINT, step INTEGER);
+CREATE OR REPLACE TEMP TABLE _late_step (rid BIGINT, step INTEGER);
+CREATE OR REPLACE TEMP TABLE _windows AS
+SELECT -1 AS step, min(ts_ns) AS cpu_start_ns, max(ts_ns + dur_ns) AS cpu_end_ns,
+       min(ts_ns) FILTER (WHERE NOT $gpu OR device >= 0) AS start_ns,
+       max(ts_ns + dur_ns) FILTER (WHERE NOT $gpu OR device >= 0) AS end_ns
+FROM _ev
+WHERE kind IN ('compute', 'comm', 'memcpy', 'memset', 'cpu_op', 'runtime', 'sync')
+HAVING count(*) > 0;
+"""
+
+_HAS_STEPS_SQL = r"""SELECT EXISTS (SELECT 1 FROM _ev WHERE kind = 'annotation' AND device = -1
+                      AND regexp_matches(name, '^ProfilerStep#\d+$'))"""
+
 _TEMP = ("_cpu_steps", "_host_step", "_launch_step", "_dev_step", "_windows", "_late_step")
 
 
@@ -103,7 +122,9 @@ def write_rank(con: duckdb.DuckDBPyConnection, rank: int, has_gpu: bool, ev: pa.
     ev = ev.append_column("rid", pa.array(np.arange(ev.num_rows, dtype=np.int64)))
     con.register("_ev", ev)
     try:
-        con.execute(_STEP_SQL.replace("$gpu", "TRUE" if has_gpu else "FALSE"))
+        has_steps = con.execute(_HAS_STEPS_SQL).fetchall()[0][0]
+        sql = _STEP_SQL if has_steps else _NO_STEP_SQL
+        con.execute(sql.replace("$gpu", "TRUE" if has_gpu else "FALSE"))
         con.execute(
             f"""INSERT INTO steps SELECT {rank}, step, cpu_start_ns, cpu_end_ns, start_ns, end_ns,
                CASE WHEN step = -1 THEN 'trace' ELSE 'profiler_step' END FROM _windows
