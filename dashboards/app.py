@@ -12,7 +12,7 @@ from types import ModuleType
 
 import dash
 from dash import html
-from ranklens.dashboards import components
+from ranklens.dashboards import components, page_speed
 from ranklens.dashboards.data import CONFIG_KEY, RunData, current
 from ranklens.dashboards.pages import (
     communication,
@@ -47,10 +47,19 @@ def create_app(db_path: str | os.PathLike[str], *, data: RunData | None = None) 
         update_title=None,  # type: ignore[arg-type]  # None: keep the tab title
     )
     app.server.config[CONFIG_KEY] = run
+    page_speed.tune_index(app)
     for page in PAGES:
         page.register(app)
     app.layout = _layout
     return app
+
+
+def warm_pages(app: dash.Dash) -> None:
+    """Render every page's default view once, so its figures are kept (RunData.memo) and the
+    first visitor is served from memory; the server does this before it opens its port."""
+    for page in dash.page_registry.values():
+        with app.server.test_request_context(page["path"]):
+            page["layout"]()
 
 
 def _layout() -> html.Div:

@@ -6,12 +6,15 @@ and says "not available" the same way when its analysis is missing for a run.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from typing import Any
 from urllib.parse import urlencode
 
 import dash
+import plotly.graph_objects as go
 import polars as pl
 from dash import dcc, html
+from ranklens.dashboards.data import RunData, current
 from ranklens.dashboards.figures import MS
 
 PAGES: tuple[tuple[str, str], ...] = (
@@ -36,9 +39,24 @@ CARD = {
 CELL = {"flex": "1 1 480px", "minWidth": "0"}
 
 
-def register_page(module: str, **kwargs: Any) -> None:
-    """dash.register_page, typed (pages call it from their `register(app)`)."""
-    dash.register_page(module, **kwargs)  # type: ignore[no-untyped-call]
+def register_page(module: str, *, layout: Callable[..., Any], **kwargs: Any) -> None:
+    """dash.register_page, typed (pages call it from their `register(app)`), the page kept
+    per run and URL query: a page draws analysis results, which never change while the run
+    is served, so the same query is the same page (tables and figures take a while)."""
+
+    def kept(**query: Any) -> Any:
+        key = ("page", module, tuple(sorted((k, str(v)) for k, v in query.items())))
+        return current().memo(key, lambda: layout(**query))
+
+    dash.register_page(module, layout=kept, **kwargs)  # type: ignore[no-untyped-call]
+
+
+def figure(data: RunData, key: Hashable, build: Callable[[], go.Figure]) -> dict[str, Any]:
+    """`build()` as the plain dict dcc.Graph takes, made once per run and `key` (numbers as
+    typed arrays), so a page's second visit neither validates nor converts it again."""
+    out = data.memo(key, lambda: build().to_plotly_json())
+    assert isinstance(out, dict)
+    return out
 
 
 def nav() -> html.Nav:
@@ -113,10 +131,12 @@ def table(df: pl.DataFrame, id_: str, max_rows: int = 200) -> html.Div:
     shown = shown.select(
         [c for c in shown.columns if not (c.endswith("_ns") and f"{c[:-3]}_ms" in shown.columns)]
     )
-    head = html.Thead(html.Tr([html.Th(c, style=_CELL) for c in shown.columns]))
+    # Cells are styled by the page's stylesheet (page_speed.py), not each by its own style:
+    # a few hundred rows of inline styles were most of a page's JSON.
+    head = html.Thead(html.Tr([html.Th(c) for c in shown.columns]))
     body = html.Tbody(
         [
-            html.Tr([html.Td(_fmt(v), style=_CELL, **_data_column(c)) for c, v in row.items()])
+            html.Tr([html.Td(_fmt(v), **_data_column(c)) for c, v in row.items()])
             for row in shown.head(max_rows).iter_rows(named=True)
         ]
     )
@@ -127,24 +147,11 @@ def table(df: pl.DataFrame, id_: str, max_rows: int = 200) -> html.Div:
     )
     return html.Div(
         [
-            html.Table([head, body], id=id_, style={"borderCollapse": "collapse"}),
+            html.Table([head, body], id=id_, className="ranklens-table"),
             html.Div(note, style={"color": "#777", "fontSize": "12px"}),
         ],
         style={"overflow": "auto", "maxHeight": "480px", "background": "white"},
     )
-
-
-_CELL = {
-    "fontFamily": "monospace",
-    "fontSize": "12px",
-    "padding": "2px 8px",
-    "borderBottom": "1px solid #eee",
-    "textAlign": "left",
-    "whiteSpace": "nowrap",
-    "maxWidth": "480px",
-    "overflow": "hidden",
-    "textOverflow": "ellipsis",
-}
 
 
 def _data_column(name: str) -> Any:

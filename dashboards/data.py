@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -25,6 +26,7 @@ from ranklens.analysis.sql_console import safe_connect
 from ranklens.analysis.views import apply_all_views
 
 CONFIG_KEY = "RANKLENS_RUN"
+MEMO_SIZE = 64  # pages and figures kept per run (each page and deep link, a few figures)
 
 
 class RunData:
@@ -39,6 +41,7 @@ class RunData:
         self._extent: tl.Extent | None = None
         self._cache: dict[str, Any] = {}
         self._pool: list[duckdb.DuckDBPyConnection] = []
+        self._memo: OrderedDict[Hashable, Any] = OrderedDict()
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A fresh connection to the same sandboxed database, for one callback."""
@@ -130,6 +133,21 @@ class RunData:
                 finally:
                     cur.close()
             return self._cache[key]
+
+    def memo(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """`build()` once per `key` (least recently used dropped past MEMO_SIZE). For pages and
+        figures: the results they draw never change while the run is served, and building
+        one (plotly validates every value) costs more than sending it."""
+        with self._lock:
+            if key in self._memo:
+                self._memo.move_to_end(key)
+                return self._memo[key]
+        value = build()
+        with self._lock:
+            self._memo[key] = value
+            while len(self._memo) > MEMO_SIZE:
+                self._memo.popitem(last=False)
+        return value
 
     def timeline_base(self) -> tl.Overview:
         """The run's busy time in fixed buckets, which zoomed-out timeline views re-aggregate."""

@@ -7,9 +7,12 @@ unit conversions, reshaping and layout arithmetic happen here).
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
+import plotly.io as pio
 import polars as pl
 from ranklens.analysis import Finding
 
@@ -50,52 +53,83 @@ HEATMAP_METRICS: dict[str, tuple[str, str, str]] = {
 }
 
 
+TRACE_TYPES = ("bar", "heatmap", "scatter")  # all the dashboard draws
+
+
+@cache
+def template() -> dict[str, Any]:
+    """plotly's white template with the trace defaults of TRACE_TYPES only. Why: the browser
+    works through the defaults of every trace type a template lists (some thirty) for each
+    figure it draws, about a third of drawing a small one."""
+    white = pio.templates["plotly_white"].to_plotly_json()
+    data = {k: v for k, v in white["data"].items() if k in TRACE_TYPES}
+    return {"layout": white["layout"], "data": data}
+
+
 def empty(message: str) -> go.Figure:
     """A blank figure that says why it is blank."""
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
-    fig.update_layout(
-        height=220, margin={"l": 20, "r": 20, "t": 20, "b": 20}, template="plotly_white"
-    )
+    fig.update_layout(height=220, margin={"l": 20, "r": 20, "t": 20, "b": 20})
+    fig.layout.template = template()  # assigned: update_layout would merge it into plotly's
     return fig
 
 
-def styled(fig: go.Figure, title: str, height: int = 360) -> go.Figure:
+MARGIN = {"l": 60, "r": 20, "t": 80, "b": 60}
+
+
+def styled(fig: go.Figure, title: str, height: int = 360, **margin: int) -> go.Figure:
+    """Title, height and the (slim) white template, the legend in a row above the plot.
+
+    Why fixed margins big enough for the usual title, legend and tick labels (`margin`
+    overrides one side): when one is too small, plotly grows it by drawing the whole figure
+    a second time, the larger part of what a page's first paint costs (automargin stays on
+    for what does not fit)."""
     fig.update_layout(
-        title={"text": title, "x": 0.01},
+        title={"text": title, "x": 0.01, "y": 1, "yref": "container", "yanchor": "top"},
+        title_pad={"t": 12},
         height=height,
-        margin={"l": 60, "r": 20, "t": 50, "b": 45},
-        template="plotly_white",
-        legend={"orientation": "h", "y": -0.2},
+        margin={**MARGIN, **margin},
+        legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
     )
+    fig.layout.template = template()  # assigned: update_layout would merge it into plotly's
+    # plotly's default ("hide past div") measures every tick label against the page, each
+    # measurement a fresh layout of the page.
+    fig.update_xaxes(ticklabeloverflow="allow")
+    fig.update_yaxes(ticklabeloverflow="allow")
     return fig
 
 
-def step_time(table: pl.DataFrame, max_lines: int = 16) -> go.Figure:
+def step_time(table: pl.DataFrame, max_lines: int = 16, max_markers: int = 300) -> go.Figure:
     """Step time (window W) per rank and step (breakdown.table): one line per rank, or, past
-    `max_lines` ranks, one trace of points coloured by rank (64 line traces take seconds to
-    draw in a browser; one trace of 10,000 points does not)."""
+    `max_lines` ranks, every rank's line in one trace (hover names the rank). Why: the
+    browser draws a line trace as one SVG path but every marker as an element of its own
+    (64 ranks x 150 steps of markers took seconds), and WebGL, the other way out, is slow
+    to start and absent in browsers without a GPU. Markers only up to `max_markers`."""
     if table.is_empty():
         return empty("no steps in this run")
     fig = go.Figure()
     ranks = table["rank"].unique().sort().to_list()
+    mode = "lines+markers" if table.height <= max_markers else "lines"
     if len(ranks) > max_lines:
         rows = table.sort("rank", "step")
+        # One line per rank, separated by a gap (NaN) where the rank changes.
+        gap = rows["rank"].ne_missing(rows["rank"].shift(-1)).to_numpy()
+        reps = np.where(gap, 2, 1)
+        x = np.repeat(rows["step"].to_numpy().astype(float), reps)
+        y = np.repeat((rows["window_ns"] / MS).to_numpy().astype(float), reps)
+        last = np.cumsum(reps)[gap] - 1
+        x[last], y[last] = np.nan, np.nan
         fig.add_trace(
-            go.Scattergl(
-                x=rows["step"].to_list(),
-                y=(rows["window_ns"] / MS).to_list(),
-                mode="markers",
+            go.Scatter(
+                x=x,
+                y=y,
+                mode="lines",
                 name="ranks",
-                marker={
-                    "color": rows["rank"].to_list(),
-                    "colorscale": "Viridis",
-                    "size": 5,
-                    "colorbar": {"title": "rank"},
-                },
-                customdata=rows["rank"].to_list(),
+                line={"width": 1, "color": "rgba(76,120,168,0.45)"},
+                customdata=np.repeat(rows["rank"].to_numpy(), reps).tolist(),
                 hovertemplate="rank %{customdata}<br>step %{x}<br>%{y:.2f} ms<extra></extra>",
             )
         )
@@ -105,7 +139,7 @@ def step_time(table: pl.DataFrame, max_lines: int = 16) -> go.Figure:
             go.Scatter(
                 x=part["step"].to_list(),
                 y=(part["window_ns"] / MS).to_list(),
-                mode="lines+markers",
+                mode=mode,
                 name=f"rank {r}",
                 hovertemplate=f"rank {r}<br>step %{{x}}<br>%{{y:.2f}} ms<extra></extra>",
             )
@@ -132,7 +166,7 @@ def time_split(by_rank: pl.DataFrame) -> go.Figure:
     parts["memory copies"] = (1 - parts["compute"] - parts["exposed comm"] - parts["idle"]).clip(
         lower_bound=0
     )
-    x = [f"r{r}" for r in by_rank["rank"].to_list()]
+    x = by_rank["rank"].to_list()
     fig = go.Figure()
     for name in ("compute", "exposed comm", "memory copies", "idle"):
         fig.add_trace(
@@ -140,13 +174,21 @@ def time_split(by_rank: pl.DataFrame) -> go.Figure:
                 x=x,
                 y=(parts[name] * 100).to_list(),
                 name=name,
-                marker_color=SPLIT_COLORS[name],
-                hovertemplate=f"%{{x}} {name}: %{{y:.1f}}% of the step<extra></extra>",
+                # No outline: one style fewer for the browser to set on each of many bars.
+                marker={"color": SPLIT_COLORS[name], "line": {"width": 0}},
+                hovertemplate=f"rank %{{x}} {name}: %{{y:.1f}}% of the step<extra></extra>",
             )
         )
-    fig.update_layout(barmode="stack")
+    fig.update_layout(barmode="stack", hovermode="x")
+    rank_axis(fig, len(x))
     fig.update_yaxes(title="% of step time", range=[0, 100])
     return styled(fig, "Where the step went (all steps)")
+
+
+def rank_axis(fig: go.Figure, n: int) -> None:
+    """Ranks on a numeric x axis: horizontal labels at any rank count (64 category labels
+    would be turned on their side, and the figure drawn twice to make room for them)."""
+    fig.update_xaxes(title="rank", dtick=1 if n <= 24 else None, tickformat="d")
 
 
 def comm_share(by_step: pl.DataFrame, by_par: pl.DataFrame, step: int) -> go.Figure:
@@ -158,14 +200,14 @@ def comm_share(by_step: pl.DataFrame, by_par: pl.DataFrame, step: int) -> go.Fig
     steps = by_step.filter(pl.col("step") == step).sort("rank")
     if steps.is_empty():
         return empty(f"no step {step} in this run")
-    x = [f"r{r}" for r in steps["rank"].to_list()]
+    x = steps["rank"].to_list()
     fig = go.Figure()
     fig.add_trace(
         go.Bar(
             x=x,
             y=(steps["compute_share"] * 100).to_list(),
             name="compute",
-            marker_color=SPLIT_COLORS["compute"],
+            marker={"color": SPLIT_COLORS["compute"], "line": {"width": 0}},
         )
     )
     par = by_par.filter(pl.col("step") == step)
@@ -178,7 +220,7 @@ def comm_share(by_step: pl.DataFrame, by_par: pl.DataFrame, step: int) -> go.Fig
                 x=x,
                 y=(part["comm_share"].fill_null(0) * 100).to_list(),
                 name=f"{p} comm",
-                marker_color=PAR_COLORS.get(p, PAR_COLORS["OTHER"]),
+                marker={"color": PAR_COLORS.get(p, PAR_COLORS["OTHER"]), "line": {"width": 0}},
             )
         )
     fig.add_trace(
@@ -186,10 +228,11 @@ def comm_share(by_step: pl.DataFrame, by_par: pl.DataFrame, step: int) -> go.Fig
             x=x,
             y=(steps["idle_share"] * 100).to_list(),
             name="idle",
-            marker_color=SPLIT_COLORS["idle"],
+            marker={"color": SPLIT_COLORS["idle"], "line": {"width": 0}},
         )
     )
-    fig.update_layout(barmode="stack")
+    fig.update_layout(barmode="stack", hovermode="x")
+    rank_axis(fig, len(x))
     fig.update_yaxes(title="% of step time (comm may overlap)")
     return styled(fig, f"Communication share by parallelism, step {step}")
 
@@ -202,7 +245,10 @@ def heatmap(table: pl.DataFrame, metric: str, focus_rank: int | None = None) -> 
     wide = table.select("rank", "step", col).pivot(on="step", index="rank", values=col).sort("rank")
     steps = [c for c in wide.columns if c != "rank"]
     ranks = wide["rank"].to_list()
-    z = [[None if v is None else v / MS for v in row] for row in wide.select(steps).rows()]
+    # Rounded to the ns the values are counted in: float noise only lengthens the JSON.
+    z = [
+        [None if v is None else round(v / MS, 6) for v in row] for row in wide.select(steps).rows()
+    ]
     fig = go.Figure(
         go.Heatmap(
             z=z,
@@ -226,7 +272,9 @@ def heatmap(table: pl.DataFrame, metric: str, focus_rank: int | None = None) -> 
         )
     fig.update_xaxes(title="step", type="category")
     fig.update_yaxes(title="rank", autorange="reversed", type="category")
-    return styled(fig, f"Ranks x steps: {label}", height=max(300, 60 + 18 * len(ranks)))
+    return styled(
+        fig, f"Ranks x steps: {label}", height=max(300, 150 + 18 * len(ranks)), r=110, t=60, b=70
+    )
 
 
 def finding_rows(findings: tuple[Finding, ...] | list[Finding]) -> list[dict[str, Any]]:
@@ -266,7 +314,10 @@ def findings_bar(findings: tuple[Finding, ...] | list[Finding], top: int = 8) ->
         )
     )
     fig.update_xaxes(title="time at stake (ms per step)")
-    return styled(fig, "Top findings by time at stake", height=80 + 40 * len(top_f))
+    width = 20 + 7 * max(len(label) for label in fig.data[0].y)  # ~7 px a character
+    return styled(
+        fig, "Top findings by time at stake", height=140 + 40 * len(top_f), l=min(width, 360)
+    )
 
 
 def _ranks_label(f: Finding) -> str:

@@ -1,191 +1,234 @@
 """Pure figure builder for the aligned multi-rank timeline (one window from analysis.timeline).
 
-Why bars: one horizontal bar trace per colour holds all the rectangles of that colour, so a
-window of a few thousand events is a handful of traces; when the analysis returns buckets
-instead of events, each bucket's busy time per kind is drawn as a bar of that length, so the
-browser never gets more than the analysis' cell cap. Times are ms since the run's origin.
+Why it looks the way it does, all for the browser's time on every pan and zoom:
+
+* filled paths, not bars: plotly draws a bar trace as one SVG element per bar and styles each
+  (about half a millisecond a bar, seconds for a window of a few thousand events). Here each
+  colour is one scatter trace filling one polygon that holds all its rectangles;
+* hover and click come from one invisible trace per kind of rectangle, with a point in the
+  middle of each (more along long ones, so the pointer is never far from one) whose
+  customdata says which event it is;
+* plotly JSON built directly, not a plotly figure object: those validate and deep-copy every
+  array, a few hundred ms per window on the server;
+* margins that fit the title, legend and labels: plotly grows a margin that is too small by
+  drawing the whole figure again.
+
+Times are ms since the run's origin; layers (what is drawn) come from timeline_layers.py.
 """
 
 from __future__ import annotations
 
-import plotly.graph_objects as go
+import base64
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 import polars as pl
 from ranklens.analysis.timeline import Window
-from ranklens.dashboards.figures import KIND_COLORS, MS, PAR_COLORS, empty
+from ranklens.dashboards.figures import MS, empty, template
+from ranklens.dashboards.timeline_layers import Floats, Layer, lanes, layers
 
-OVERLAYS: dict[str, tuple[str, str]] = {
-    "exposed": ("exposed communication", "rgba(228,26,28,0.22)"),
-    "idle": ("idle / bubble", "rgba(90,90,90,0.18)"),
+HOVER: dict[str, str] = {
+    "events": "%{customdata[3]}<br>rank %{customdata[0]} · start %{customdata[4]:.3f} ms"
+    " · %{customdata[5]:.3f} ms<extra>%{customdata[6]}</extra>",
+    "buckets": "%{customdata[1]:.3f} ms busy in this bucket, %{customdata[0]} events"
+    "<extra>%{customdata[2]}</extra>",
 }
+HOVER_POINTS = 40  # hover points across the window's width (one every ~30 px)
+HOVER_EXTRA = 3000  # at most this many more hover points than rectangles
+MAX_LANE_LABELS = 64  # past this many lanes, one y label per rank
 
 
-def lanes(win: Window) -> list[tuple[int, int]]:
-    """(rank, stream) lanes of the window, top to bottom."""
-    df = win.events if win.mode == "events" else win.buckets
-    if df.is_empty():
-        return []
-    rows = df.select("rank", "stream").unique().sort("rank", "stream").rows()
-    return [(int(r), int(s)) for r, s in rows]
+def typed(values: Floats) -> dict[str, str]:
+    """A float array as plotly.js's typed-array JSON (base64 little-endian doubles): a
+    fraction of the text of a list, decoded without parsing."""
+    raw = np.ascontiguousarray(values, dtype="<f8").tobytes()
+    return {"dtype": "f8", "bdata": base64.b64encode(raw).decode("ascii")}
 
 
-def _color_key_expr() -> pl.Expr:
-    """Comm is coloured by its parallelism, everything else by its kind."""
-    par = pl.col("parallelism").fill_null("UNKNOWN") + pl.lit(" comm")
-    return pl.when(pl.col("kind") == "comm").then(par).otherwise(pl.col("kind")).alias("ck")
+def rectangles(x0: Floats, x1: Floats, y0: Floats, y1: Floats) -> tuple[Floats, Floats]:
+    """Vertices of one polygon that fills every rectangle and nothing else.
+
+    Why one polygon: plotly makes an SVG element for every piece of a trace split by gaps,
+    which doubles the time a redraw takes. The rectangles, in lane order, are walked one
+    after the other, each from its first corner round back to it, the next reached by a
+    bridge, and the bridges are walked back in reverse at the end, so they enclose no area.
+    Every bridge is horizontal or vertical (via a corner at the next lane's height): a
+    rasteriser cancels such a there-and-back edge exactly, a slanted one leaves a hairline.
+    """
+    if len(x0) == 0:
+        return np.empty(0), np.empty(0)
+    order = np.lexsort((x0, y0))
+    x0, x1, y0, y1 = x0[order], x1[order], y0[order], y1[order]
+    # Each rectangle's loop, then the corner below (or level with) its first corner at the
+    # next rectangle's height; the last one's corner is dropped.
+    loops_x = np.column_stack([x0, x1, x1, x0, x0, x0])
+    loops_y = np.column_stack([y0, y0, y1, y1, y0, np.append(y0[1:], 0.0)])
+    forward_x, forward_y = loops_x.ravel()[:-1], loops_y.ravel()[:-1]
+    # Back: each bridge's corner and start, last bridge first.
+    back_x = np.column_stack([x0[:-1], x0[:-1]])[::-1].ravel()
+    back_y = np.column_stack([y0[1:], y0[:-1]])[::-1].ravel()
+    return np.concatenate([forward_x, back_x]), np.concatenate([forward_y, back_y])
 
 
-def _color(key: str) -> str:
-    if key.endswith(" comm"):
-        return PAR_COLORS.get(key[:-5], PAR_COLORS["OTHER"])
-    return KIND_COLORS.get(key, "#888888")
+def hover_spacing(layer_list: list[Layer], view: tuple[float, float]) -> float:
+    """How far apart hover points lie along a rectangle: 1/HOVER_POINTS of the view, wider
+    when that would give more than HOVER_EXTRA points beyond one per rectangle (the hover
+    text of each point travels to the browser)."""
+    spacing = (view[1] - view[0]) / HOVER_POINTS
+    if spacing <= 0:
+        return 1.0
+    visible = sum(float((np.clip(ly.x1, *view) - np.clip(ly.x0, *view)).sum()) for ly in layer_list)
+    return max(spacing, visible / HOVER_EXTRA)
 
 
-def timeline(
-    win: Window,
-    t0_ns: int,
-    highlight: pl.DataFrame | None = None,
-) -> go.Figure:
-    """The window as lanes (rank, stream) x time; `highlight` rows (rank, stream, start_ns,
-    end_ns on the job clock) are outlined, e.g. one collective instance on every rank."""
+def hover_points(
+    x0: Floats, x1: Floats, y: Floats, view: tuple[float, float], spacing: float
+) -> tuple[Floats, Floats, npt.NDArray[np.intp]]:
+    """Points along the middle of each rectangle's visible part, at most `spacing` apart (at
+    least one per rectangle), and for each point the index of its rectangle."""
+    x0, x1 = np.clip(x0, *view), np.clip(x1, *view)
+    n = np.maximum(1, np.ceil((x1 - x0) / spacing)).astype(np.intp)
+    idx = np.repeat(np.arange(len(x0)), n)
+    k = np.arange(len(idx)) - np.repeat(np.cumsum(n) - n, n)
+    return x0[idx] + (k + 0.5) * ((x1 - x0) / n)[idx], y[idx], idx
+
+
+def lane_ticks(lane_list: list[tuple[int, int]]) -> dict[str, list[Any]]:
+    """Y tick labels: one per lane ("r3 · 7": rank 3, stream 7) while they fit, else one per
+    rank at its first lane (hundreds of labels a few pixels apart are unreadable, and plotly
+    measures each one)."""
+    if len(lane_list) <= MAX_LANE_LABELS:
+        return {
+            "tickvals": list(range(len(lane_list))),
+            "ticktext": [f"r{r} · {s}" for r, s in lane_list],
+        }
+    first: dict[int, int] = {}
+    for i, (r, _) in enumerate(lane_list):
+        first.setdefault(r, i)
+    return {"tickvals": list(first.values()), "ticktext": [f"r{r}" for r in first]}
+
+
+def timeline(win: Window, t0_ns: int, highlight: pl.DataFrame | None = None) -> dict[str, Any]:
+    """The window as lanes (rank, stream) x time, as plotly JSON (what dcc.Graph takes);
+    `highlight` rows (rank, stream, start_ns, end_ns on the job clock) are outlined, e.g. one
+    collective instance on every rank."""
     lane_list = lanes(win)
     if not lane_list:
-        return empty("no device activity in this window")
-    index = {lane: i for i, lane in enumerate(lane_list)}
-    fig = go.Figure()
-    if win.mode == "events":
-        _events(fig, win.events, index, t0_ns)
-        _segments(fig, win.segments, lane_list, t0_ns)
-    else:
-        _buckets(fig, win, index, t0_ns)
-    if highlight is not None:
-        for row in highlight.iter_rows(named=True):
-            lane = index.get((int(row["rank"]), int(row["stream"])))
-            if lane is None:
-                continue
-            fig.add_shape(
-                type="rect",
-                x0=(row["start_ns"] - t0_ns) / MS,
-                x1=(row["end_ns"] - t0_ns) / MS,
-                y0=lane - 0.5,
-                y1=lane + 0.5,
-                line={"color": "black", "width": 3},
-            )
+        out = empty("no device activity in this window").to_plotly_json()
+        assert isinstance(out, dict)
+        return out
+    view = ((win.start_ns - t0_ns) / MS, (win.end_ns - t0_ns) / MS)
+    layer_list = layers(win, lane_list, t0_ns)
+    spacing = hover_spacing([ly for ly in layer_list if ly.group], view)
+    data = [_fill(ly) for ly in layer_list]
+    for group in HOVER:
+        members = [ly for ly in layer_list if ly.group == group]
+        if members:
+            data.append(_hover(group, members, view, spacing))
     mode = (
         f"{win.events.height} events"
         if win.mode == "events"
         else f"aggregated: {win.bucket_ns / MS:.3g} ms buckets, zoom in for single events"
     )
-    fig.update_layout(
-        barmode="overlay",
-        bargap=0.15,
-        height=min(1400, 140 + 22 * len(lane_list)),
-        margin={"l": 110, "r": 20, "t": 40, "b": 45},
-        template="plotly_white",
-        title={"text": f"Aligned timeline ({mode})", "x": 0.01, "font": {"size": 14}},
-        legend={"orientation": "h", "y": 1.02, "x": 0.35, "yanchor": "bottom"},
-        uirevision="timeline",
-        dragmode="zoom",
-        hovermode="closest",
-    )
-    fig.update_xaxes(
-        title="time since run start (ms, job clock)",
-        range=[(win.start_ns - t0_ns) / MS, (win.end_ns - t0_ns) / MS],
-    )
-    fig.update_yaxes(
-        tickmode="array",
-        tickvals=list(range(len(lane_list))),
-        ticktext=[f"r{r} · {s}" for r, s in lane_list],
-        autorange="reversed",
-        fixedrange=True,
-        range=[len(lane_list) - 0.5, -0.5],
-    )
-    return fig
+    layout = {
+        "template": template(),
+        "height": min(1400, 140 + 22 * len(lane_list)),
+        "margin": {"l": 110, "r": 20, "t": 95, "b": 55},  # title + two rows of legend
+        "title": {
+            "text": f"Aligned timeline ({mode})",
+            "x": 0.01,
+            "y": 1,
+            "yref": "container",
+            "yanchor": "top",
+            "pad": {"t": 10},
+            "font": {"size": 14},
+        },
+        "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
+        "uirevision": "timeline",
+        "dragmode": "zoom",
+        "hovermode": "closest",
+        "xaxis": {
+            "title": {"text": "time since run start (ms, job clock)"},
+            "range": list(view),
+            "showgrid": True,
+            # plotly's default ("hide past div") measures every tick label against the
+            # page, each a fresh layout of the whole plot: seconds with hundreds of lanes.
+            "ticklabeloverflow": "allow",
+        },
+        "yaxis": {
+            "tickmode": "array",
+            **lane_ticks(lane_list),
+            "fixedrange": True,
+            "range": [len(lane_list) - 0.5, -0.5],
+            "showgrid": False,
+            "zeroline": False,
+            "ticklabeloverflow": "allow",
+        },
+        "shapes": _outlines(highlight, lane_list, t0_ns),
+    }
+    return {"data": data, "layout": layout}
 
 
-def _events(fig: go.Figure, ev: pl.DataFrame, index: dict[tuple[int, int], int], t0: int) -> None:
-    keyed = ev.with_columns(_color_key_expr())
-    for key in sorted(keyed["ck"].unique().to_list()):
-        part = keyed.filter(pl.col("ck") == key)
-        y = [index[(int(r), int(s))] for r, s in part.select("rank", "stream").rows()]
-        names = part["name"].fill_null("").to_list()
-        fig.add_trace(
-            go.Bar(
-                orientation="h",
-                base=((part["s"] - t0) / MS).to_list(),
-                x=(part["dur_ns"] / MS).to_list(),
-                y=y,
-                width=0.8,
-                name=key,
-                marker={"color": _color(key), "line": {"width": 0}},
-                customdata=list(
-                    zip(
-                        part["rank"].to_list(),
-                        part["stream"].to_list(),
-                        # Raw start relative to t0: epoch ns do not fit a JS number exactly.
-                        (part["ts_ns"] - t0).to_list(),
-                        names,
-                        strict=True,
-                    )
-                ),
-                hovertemplate="%{customdata[3]}<br>rank %{customdata[0]}"
-                " · start %{base:.3f} ms · %{x:.3f} ms<extra>" + key + "</extra>",
+def _outlines(
+    highlight: pl.DataFrame | None, lane_list: list[tuple[int, int]], t0: int
+) -> list[dict[str, Any]]:
+    if highlight is None:
+        return []
+    index = {lane: i for i, lane in enumerate(lane_list)}
+    out = []
+    for row in highlight.iter_rows(named=True):
+        lane = index.get((int(row["rank"]), int(row["stream"])))
+        if lane is not None:
+            out.append(
+                {
+                    "type": "rect",
+                    "x0": (row["start_ns"] - t0) / MS,
+                    "x1": (row["end_ns"] - t0) / MS,
+                    "y0": lane - 0.5,
+                    "y1": lane + 0.5,
+                    "line": {"color": "black", "width": 3},
+                }
             )
-        )
+    return out
 
 
-def _segments(fig: go.Figure, seg: pl.DataFrame, lane_list: list[tuple[int, int]], t0: int) -> None:
-    if seg.is_empty():
-        return
-    span: dict[int, tuple[int, int]] = {}
-    for i, (r, _) in enumerate(lane_list):
-        lo, hi = span.get(r, (i, i))
-        span[r] = (min(lo, i), max(hi, i))
-    for label, (name, color) in OVERLAYS.items():
-        part = seg.filter((pl.col("label") == label) & pl.col("rank").is_in(list(span)))
-        if part.is_empty():
-            continue
-        ranks = part["rank"].to_list()
-        fig.add_trace(
-            go.Bar(
-                orientation="h",
-                base=((part["s"] - t0) / MS).to_list(),
-                x=((part["e"] - part["s"]) / MS).to_list(),
-                y=[(span[r][0] + span[r][1]) / 2 for r in ranks],
-                width=[span[r][1] - span[r][0] + 0.95 for r in ranks],
-                name=name,
-                marker={"color": color, "line": {"width": 0}},
-                hovertemplate=name + " %{x:.3f} ms<extra></extra>",
-            )
-        )
+def _fill(layer: Layer) -> dict[str, Any]:
+    """One colour's rectangles as one filled polygon."""
+    x, y = rectangles(layer.x0, layer.x1, layer.y0, layer.y1)
+    # A region (an overlay) is named where the pointer is inside it, unless a hover point is
+    # near: plotly ranks hovering a fill after every point.
+    hover = {"hoveron": "fills", "hoverinfo": "name"} if not layer.group else {"hoverinfo": "skip"}
+    return {
+        "type": "scatter",
+        "x": typed(x),
+        "y": typed(y),
+        "mode": "none",  # fill only: no outline, no point markers (one SVG element each)
+        "fill": "toself",
+        "fillcolor": layer.color,
+        "name": layer.name,
+        **hover,
+    }
 
 
-def _buckets(fig: go.Figure, win: Window, index: dict[tuple[int, int], int], t0: int) -> None:
-    b = win.buckets.with_columns(_color_key_expr()).sort("rank", "stream", "bucket", "ck")
-    # Lay the kinds of one bucket side by side inside it, each as long as its busy time,
-    # scaled down together when they sum past the bucket (nested host spans, or kinds that
-    # ran at the same time on one stream).
-    width = float(win.bucket_ns)
-    total = pl.col("busy_ns").sum().over("rank", "stream", "bucket").cast(pl.Float64)
-    scale = pl.min_horizontal(pl.lit(1.0), pl.lit(width) / total)
-    b = b.with_columns((pl.col("busy_ns").cast(pl.Float64) * scale).alias("len")).with_columns(
-        (pl.col("len").cum_sum().over("rank", "stream", "bucket") - pl.col("len")).alias("off")
-    )
-    for key in sorted(b["ck"].unique().to_list()):
-        part = b.filter(pl.col("ck") == key)
-        y = [index[(int(r), int(s))] for r, s in part.select("rank", "stream").rows()]
-        fig.add_trace(
-            go.Bar(
-                orientation="h",
-                base=((part["s"] + part["off"] - t0) / MS).to_list(),
-                x=(part["len"] / MS).to_list(),
-                y=y,
-                width=0.8,
-                name=key,
-                marker={"color": _color(key), "line": {"width": 0}},
-                customdata=list(
-                    zip(part["n_events"].to_list(), (part["busy_ns"] / MS).to_list(), strict=True)
-                ),
-                hovertemplate="%{customdata[1]:.3f} ms busy in this bucket, %{customdata[0]} "
-                "events<extra>" + key + "</extra>",
-            )
-        )
+def _hover(
+    group: str, members: list[Layer], view: tuple[float, float], spacing: float
+) -> dict[str, Any]:
+    """The invisible trace that answers hover and click for `members`."""
+    x0 = np.concatenate([ly.x0 for ly in members])
+    x1 = np.concatenate([ly.x1 for ly in members])
+    y = np.concatenate([(ly.y0 + ly.y1) / 2 for ly in members])
+    custom = [row for ly in members for row in ly.custom]
+    hx, hy, idx = hover_points(x0, x1, y, view, spacing)
+    return {
+        "type": "scatter",
+        "x": typed(hx),
+        "y": typed(hy),
+        "mode": "none",  # nothing drawn: it is there to answer hover and click
+        "name": group,
+        "showlegend": False,
+        # A plain list, not a typed array: dcc.Graph reads a clicked point's customdata from
+        # the figure as sent.
+        "customdata": [custom[i] for i in idx.tolist()],
+        "hovertemplate": HOVER[group],
+    }

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ranklens.dashboards.app import create_app
+from ranklens.dashboards.app import create_app, warm_pages
 from ranklens.dashboards.data import RunData
 from ranklens.ingest.database import is_database
 from ranklens.ingest.loader import Progress, load_traces
@@ -58,6 +58,7 @@ def serve(
             log("analyzing the run ...")
             data.warm()
             app = create_app(db, data=data)
+            warm_pages(app)
             log(f"ranklens dashboard on http://{host}:{port}/  (Ctrl+C to stop)")
             app.run(host=host, port=port, debug=debug, use_reloader=False)
         finally:

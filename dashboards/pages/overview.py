@@ -31,16 +31,20 @@ def register(app: dash.Dash) -> None:
         State("overview-focus", "data"),
         prevent_initial_call=True,
     )
-    def _heatmap(metric: str, focus: int | None) -> go.Figure:
-        return heatmap_figure(current(), metric, focus)
+    def _heatmap(metric: str, focus: int | None) -> dict[str, Any]:
+        data = current()
+        return ui.figure(
+            data, ("heatmap", metric, focus), lambda: heatmap_figure(data, metric, focus)
+        )
 
     @app.callback(
         Output("overview-share", "figure"),
         Input("overview-step", "value"),
         prevent_initial_call=True,
     )
-    def _share(step: Any) -> go.Figure:
-        return share_figure(current(), ui.parse_int(step))
+    def _share(step: Any) -> dict[str, Any]:
+        data, chosen = current(), ui.parse_int(step)
+        return ui.figure(data, ("share", chosen), lambda: share_figure(data, chosen))
 
 
 def heatmap_table(data: RunData, metric: str) -> pl.DataFrame | None:
@@ -97,7 +101,9 @@ def layout(rank: Any = None, step: Any = None, metric: Any = None, **_: Any) -> 
                     html.Div(
                         dcc.Graph(
                             id="overview-step-time",
-                            figure=figures.step_time(res.table),
+                            figure=ui.figure(
+                                data, ("step_time",), lambda: figures.step_time(res.table)
+                            ),
                             config=graph,
                         ),
                         style=ui.CELL,
@@ -105,7 +111,9 @@ def layout(rank: Any = None, step: Any = None, metric: Any = None, **_: Any) -> 
                     html.Div(
                         dcc.Graph(
                             id="overview-split",
-                            figure=figures.time_split(res.tables["by_rank"]),
+                            figure=ui.figure(
+                                data, ("split",), lambda: figures.time_split(res.tables["by_rank"])
+                            ),
                             config=graph,
                         ),
                         style=ui.CELL,
@@ -128,7 +136,11 @@ def layout(rank: Any = None, step: Any = None, metric: Any = None, **_: Any) -> 
                             dcc.Graph(
                                 id="overview-heatmap",
                                 config=graph,
-                                figure=heatmap_figure(data, metric, focus),
+                                figure=ui.figure(
+                                    data,
+                                    ("heatmap", metric, focus),
+                                    lambda: heatmap_figure(data, metric, focus),
+                                ),
                             ),
                         ],
                         style=ui.CELL,
@@ -144,7 +156,11 @@ def layout(rank: Any = None, step: Any = None, metric: Any = None, **_: Any) -> 
                                 style={"width": "160px"},
                             ),
                             dcc.Graph(
-                                id="overview-share", config=graph, figure=share_figure(data, chosen)
+                                id="overview-share",
+                                config=graph,
+                                figure=ui.figure(
+                                    data, ("share", chosen), lambda: share_figure(data, chosen)
+                                ),
                             ),
                         ],
                         style=ui.CELL,
@@ -157,7 +173,9 @@ def layout(rank: Any = None, step: Any = None, metric: Any = None, **_: Any) -> 
                     dcc.Graph(
                         id="overview-findings-bar",
                         config=graph,
-                        figure=figures.findings_bar(report.findings),
+                        figure=ui.figure(
+                            data, ("findings_bar",), lambda: figures.findings_bar(report.findings)
+                        ),
                     ),
                     html.Ul(
                         [

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import dash
-import plotly.graph_objects as go
 import polars as pl
 from dash import Input, Output, State, ctx, dcc, html
 from ranklens.analysis import timeline as tl
@@ -113,7 +112,7 @@ def render(
     start_ns: int,
     end_ns: int,
     highlight: pl.DataFrame | None = None,
-) -> tuple[go.Figure, str, str]:
+) -> tuple[dict[str, Any], str, str]:
     """Figure, label and permalink of one window."""
     ext = data.extent()
     cur = data.cursor()

@@ -43,13 +43,14 @@ class LiveApp:
     """A dashboard served in a thread; `url(path)` addresses it."""
 
     def __init__(self, db: Path, data: Any = None) -> None:
-        from ranklens.dashboards.app import create_app
+        from ranklens.dashboards.app import create_app, warm_pages
         from ranklens.dashboards.data import RunData
         from werkzeug.serving import make_server
 
         self.data = data if data is not None else RunData(db)
         self.data.warm()
         self.app = create_app(db, data=self.data)
+        warm_pages(self.app)  # as `ranklens dashboard` does before it opens its port
         self.server = make_server("127.0.0.1", 0, self.app.server, threaded=True)
         self.port = self.server.server_port
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)

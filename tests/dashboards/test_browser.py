@@ -24,8 +24,8 @@ pytestmark = pytest.mark.browser
 PAGES = ("/", "/timeline", "/pipeline", "/communication", "/contention", "/findings", "/sql")
 
 
-def wait_for(browser: Any, js: str, timeout: float = 60.0) -> Any:
-    """Poll a JS expression until it is truthy; return its value."""
+def wait_for(browser: Any, js: str, timeout: float = 60.0, poll: float = 0.1) -> Any:
+    """Poll a JS expression every `poll` s until it is truthy; return its value."""
     end = time.monotonic() + timeout
     while True:
         value = browser.execute_script(f"return {js};")
@@ -33,15 +33,15 @@ def wait_for(browser: Any, js: str, timeout: float = 60.0) -> Any:
             return value
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for: {js}")
-        time.sleep(0.1)
+        time.sleep(poll)
 
 
-def open_page(browser: Any, url: str, ready: str) -> float:
+def open_page(browser: Any, url: str, ready: str, poll: float = 0.1) -> float:
     """Load `url`, wait for the CSS selector `ready` and for Dash to settle; seconds taken."""
     t0 = time.perf_counter()
     browser.get(url)
-    wait_for(browser, f"document.querySelector({ready!r})")
-    wait_for(browser, "!document.querySelector('[data-dash-is-loading=\"true\"]')")
+    wait_for(browser, f"document.querySelector({ready!r})", poll=poll)
+    wait_for(browser, "!document.querySelector('[data-dash-is-loading=\"true\"]')", poll=poll)
     return time.perf_counter() - t0
 
 
@@ -102,6 +102,15 @@ def test_straggler_in_heatmap_and_findings(browser: Any, straggler: LiveApp) -> 
     listed = text(browser, "#overview-findings")
     assert "STRAGGLER_RANK" in listed and f"rank {rank}" in listed
     assert not severe_logs(browser)
+    # page_speed: plotly.js loaded once (by the page's head, not again by dcc.Graph), and
+    # the browser's own trim and parseInt back in place of the polyfill's.
+    loaded = browser.execute_script(
+        """return [performance.getEntriesByType('resource')
+                     .filter(e => e.name.includes('plotly.min.js')).length,
+                   String(String.prototype.trim), String(parseInt), typeof Plotly.react];"""
+    )
+    assert loaded[0] == 1 and "[native code]" in loaded[1] and "[native code]" in loaded[2]
+    assert loaded[3] == "function"
     shoot(browser, "overview")
     print(f"overview rendered in the browser in {took:.2f} s")
 
@@ -165,6 +174,8 @@ def test_timeline_deep_link_and_zoom(browser: Any, straggler: LiveApp) -> None:
 
 
 def test_clicking_a_collective_outlines_it_on_every_rank(browser: Any, straggler: LiveApp) -> None:
+    from selenium.webdriver.common.actions.action_builder import ActionBuilder
+
     cur = straggler.data.cursor()
     inst = cur.execute(
         "SELECT instance_id, rank, stream, ts_ns, ats_ns, aend_ns FROM collectives_aligned "
@@ -179,18 +190,30 @@ def test_clicking_a_collective_outlines_it_on_every_rank(browser: Any, straggler
     start, end = (inst[4] - t0) / 1e6 - 2, (inst[5] - t0) / 1e6 + 2
     url = straggler.url(f"/timeline?rank=0,1,2&start={start:.3f}&end={end:.3f}")
     open_page(browser, url, "#timeline-graph .js-plotly-plot")
-    # A user's click on rank 0's bar of that collective (plotly's own click event).
-    browser.execute_script(
+    # The mouse on rank 0's bar of that collective (where the hover trace has a point for
+    # it): the hover label names it, and a click outlines the instance on every rank.
+    x, y, name = browser.execute_script(
         """const gd = document.querySelector('#timeline-graph .js-plotly-plot');
-        const i = gd.data.findIndex(t => t.name.endsWith('comm') && Array.from(t.customdata)
-            .some(c => c[0] == arguments[0] && c[1] == arguments[1] && c[2] == arguments[2]));
-        const j = Array.from(gd.data[i].customdata).findIndex(
-            c => c[0] == arguments[0] && c[1] == arguments[1] && c[2] == arguments[2]);
-        gd.emit('plotly_click', {points: [{curveNumber: i, pointNumber: j}]});""",
+        const hit = c => c[0] == arguments[0] && c[1] == arguments[1] && c[2] == arguments[2]
+            && c[6].endsWith('comm');
+        const i = gd.data.findIndex(t => t.customdata && Array.from(t.customdata).some(hit));
+        const j = Array.from(gd.data[i].customdata).findIndex(hit);
+        const t = gd._fullData[i], fl = gd._fullLayout, box = gd.getBoundingClientRect();
+        return [box.left + fl._size.l + fl.xaxis.l2p(t.x[j]),
+                box.top + fl._size.t + fl.yaxis.l2p(t.y[j]), gd.data[i].customdata[j][3]];""",
         inst[1],
         inst[2],
         inst[3] - t0,
     )
+    mouse = ActionBuilder(browser)
+    mouse.pointer_action.move_to_location(round(x), round(y))
+    mouse.perform()
+    label = wait_for(
+        browser, "document.querySelector('#timeline-graph .hovertext')?.textContent", timeout=10
+    )
+    assert name in label and "rank 0" in label, label
+    mouse.pointer_action.click()
+    mouse.perform()
     wait_for(
         browser,
         "document.querySelector('#timeline-instance').innerText.includes('collective instance')",

@@ -19,7 +19,6 @@ from ranklens.analysis import timeline as tl
 from ranklens.dashboards import figures, figures_comm, figures_contention, figures_pipeline
 from ranklens.dashboards.app import create_app
 from ranklens.dashboards.data import RunData
-from ranklens.dashboards.figures_timeline import timeline
 from ranklens.dashboards.pages import findings, overview, pipeline, sql
 from ranklens.dashboards.pages import timeline as tpage
 
@@ -43,6 +42,17 @@ def test_step_time_is_in_ms_per_rank() -> None:
     fig = figures.step_time(by_step())
     assert [t.name for t in fig.data] == ["rank 0", "rank 1", "rank 2", "rank 3"]
     assert list(fig.data[0].y) == [100.0, 100.0]
+
+
+def test_step_time_past_max_lines_is_one_line_trace_with_a_gap_per_rank() -> None:
+    fig = figures.step_time(by_step(), max_lines=2)
+    (trace,) = fig.data
+    assert trace.type == "scatter" and trace.mode == "lines"
+    x, y = list(trace.x), list(trace.y)
+    gaps = [i for i, v in enumerate(y) if v != v]  # NaN: where one rank's line ends
+    assert gaps == [2, 5, 8, 11]
+    assert [x[i] for i in (0, 1, 3, 4)] == [1.0, 2.0, 1.0, 2.0] and y[:2] == [100.0, 100.0]
+    assert list(trace.customdata)[:6] == [0, 0, 0, 1, 1, 1]  # hover names the rank
 
 
 def test_heatmap_rows_are_ranks_and_the_straggler_is_hot() -> None:
@@ -96,61 +106,6 @@ def test_findings_keep_the_report_order() -> None:
     assert [r["code"] for r in rows] == ["A", "B"] and rows[0]["at stake (ms/step)"] == 3.0
     bar = figures.findings_bar(fs).data[0]
     assert list(bar.x) == [1.0, 3.0] and bar.y[-1] == "A (rank 3)"
-
-
-def window(mode: str) -> tl.Window:
-    ev = pl.DataFrame(
-        {
-            "rank": [0, 0, 1],
-            "stream": [7, 9, 7],
-            "kind": ["compute", "comm", "comm"],
-            "name": ["gemm", "nccl AllReduce", "nccl AllReduce"],
-            "step": [1, 1, 1],
-            "ts_ns": [1000, 2000, 2100],
-            "s": [1000, 2000, 2100],
-            "e": [3000, 4000, 4000],
-            "dur_ns": [2000, 2000, 1900],
-            "pg_name": [None, "1", "1"],
-            "coll_op": [None, "ar", "ar"],
-            "parallelism": [None, "DP", "DP"],
-        }
-    )
-    seg = pl.DataFrame({"rank": [0], "label": ["exposed"], "s": [3000], "e": [4000]})
-    bk = pl.DataFrame(
-        {
-            "rank": [0, 0],
-            "stream": [7, 7],
-            "kind": ["compute", "comm"],
-            "parallelism": [None, "TP"],
-            "bucket": [0, 0],
-            "s": [0, 0],
-            "busy_ns": [1500, 1500],
-            "n_events": [3, 1],
-        }
-    )
-    if mode == "events":
-        return tl.Window(0, 5000, "events", ev, pl.DataFrame(), 0, seg, 3)
-    return tl.Window(0, 1000, "buckets", ev.clear(), bk, 1000, pl.DataFrame(), 1)
-
-
-def test_timeline_events_one_trace_per_colour_with_overlays() -> None:
-    hl = pl.DataFrame(
-        {"rank": [0, 1], "stream": [9, 7], "start_ns": [2000, 2100], "end_ns": [4000, 4000]}
-    )
-    fig = timeline(window("events"), t0_ns=0, highlight=hl)
-    names = [t.name for t in fig.data]
-    assert names == ["DP comm", "compute", "exposed communication"]
-    assert list(fig.data[0].base) == [0.002, 0.0021] and list(fig.data[0].y) == [1, 2]
-    assert list(fig.layout.yaxis.ticktext) == ["r0 · 7", "r0 · 9", "r1 · 7"]
-    assert len(fig.layout.shapes) == 2  # the instance, outlined on both ranks
-    assert tuple(fig.layout.xaxis.range) == (0.0, 0.005)
-
-
-def test_timeline_buckets_never_overflow_their_bucket() -> None:
-    fig = timeline(window("buckets"), t0_ns=0)
-    total = sum(t.x[0] for t in fig.data)
-    assert total == pytest.approx(0.001)  # 1500 + 1500 ns of busy time scaled into 1000 ns
-    assert "aggregated" in fig.layout.title.text
 
 
 def test_gantt_draws_windows_under_blocks() -> None:
@@ -229,6 +184,17 @@ def run_data(app: dash.Dash) -> RunData:
     return d
 
 
+def test_pages_and_figures_are_built_once_per_run(app: dash.Dash) -> None:
+    data = run_data(app)
+    built: list[int] = []
+    assert data.memo(("test", 1), lambda: built.append(1) or "x") == "x"
+    assert data.memo(("test", 1), lambda: built.append(2) or "y") == "x" and built == [1]
+    with app.server.test_request_context("/"):
+        page = next(p for p in dash.page_registry.values() if p["path"] == "/")
+        assert page["layout"](rank="3") is page["layout"](rank="3")
+        assert page["layout"](rank="3") is not page["layout"](rank="2")
+
+
 def test_every_page_registers_and_renders(app: dash.Dash) -> None:
     paths = {p["path"] for p in dash.page_registry.values()}
     assert {
@@ -278,7 +244,7 @@ def test_timeline_callback_zoom_and_click(app: dash.Dash) -> None:
         assert ev is not None
         click = {"points": [{"customdata": [ev[0], ev[1], ev[2] - t0, "gloo:all_reduce"]}]}
         out = tpage.update(data, "timeline-graph.clickData", None, click, None, None, new)
-        assert len(out[0].layout.shapes) >= 2  # the instance outlined on its ranks
+        assert len(out[0]["layout"]["shapes"]) >= 2  # the instance outlined on its ranks
         hl, info = tpage.instance_view(data, click)
         assert hl is not None and hl.height >= 2 and ev[0] in hl["rank"].to_list()
         assert "collective instance" in json.dumps(
