@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import duckdb
 import polars as pl
+from ranklens.analysis import _activity
 from ranklens.analysis._sql import query_pl
 from ranklens.analysis.check import Verdict
 from ranklens.analysis.check_config import THRESHOLDS
@@ -62,11 +63,11 @@ def compare(
     """Every (metric, rank, key) present in both runs, with its verdict."""
     apply_all_views(cur)
     apply_all_views(base)
+    with _activity.held(cur), _activity.held(base):  # every metric reads the activity views
+        stats = {m: (_stats(cur, m), _stats(base, m)) for m in _PER_STEP}
     out: list[Change] = []
-    for metric in _PER_STEP:
-        joined = _stats(cur, metric).join(
-            _stats(base, metric), on=["rank", "key"], suffix="_b", how="inner"
-        )
+    for metric, (s_cur, s_base) in stats.items():
+        joined = s_cur.join(s_base, on=["rank", "key"], suffix="_b", how="inner")
         for r in joined.iter_rows(named=True):
             noise = _noise(r["sd"], r["n"], r["sd_b"], r["n_b"])
             raw = r["mean"] - r["mean_b"]

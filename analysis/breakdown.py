@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import duckdb
 import polars as pl
+from ranklens.analysis import _activity
 from ranklens.analysis._base import Finding, Result, Severity
 from ranklens.analysis._sql import apply_sql, query_pl
 
@@ -53,12 +54,13 @@ class Params:
 
 def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     """Compute the breakdown tables and findings."""
-    apply_sql(con, "intervals", "activity", "breakdown")
-    table = query_pl(con, "SELECT * FROM breakdown_by_step ORDER BY rank, step")
-    by_rank = query_pl(con, "SELECT * FROM breakdown_by_rank ORDER BY rank")
-    by_par = query_pl(
-        con, "SELECT * FROM breakdown_by_parallelism ORDER BY rank, step, parallelism"
-    )
+    with _activity.held(con):
+        apply_sql(con, "breakdown")
+        table = query_pl(con, "SELECT * FROM breakdown_by_step ORDER BY rank, step")
+        by_rank = query_pl(con, "SELECT * FROM breakdown_by_rank ORDER BY rank")
+        by_par = query_pl(
+            con, "SELECT * FROM breakdown_by_parallelism ORDER BY rank, step, parallelism"
+        )
     return Result(
         NAME,
         table,
@@ -74,7 +76,7 @@ def _findings(by_rank: pl.DataFrame, p: Params) -> list[Finding]:
         return out
     idle = by_rank.filter(pl.col("idle_share") > p.idle_warn)
     if not idle.is_empty():
-        worst = idle.sort("idle_share", descending=True).row(0, named=True)
+        worst = idle.sort("idle_share", descending=True, maintain_order=True).row(0, named=True)
         per_step = int(idle["idle_ns"].sum() / max(int(idle["steps"].sum()), 1))
         out.append(
             Finding(
@@ -100,7 +102,7 @@ def _findings(by_rank: pl.DataFrame, p: Params) -> list[Finding]:
         )
     heavy = by_rank.filter(pl.col("comm_share") > p.comm_share_warn)
     if not heavy.is_empty():
-        worst = heavy.sort("comm_share", descending=True).row(0, named=True)
+        worst = heavy.sort("comm_share", descending=True, maintain_order=True).row(0, named=True)
         out.append(
             Finding(
                 code="BREAKDOWN_COMM_SHARE_HIGH",

@@ -10,11 +10,13 @@ the reason, never as passed.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, replace
 from typing import Any
 
 import duckdb
 import polars as pl
+from ranklens.analysis import _activity
 from ranklens.analysis._sql import query_pl
 from ranklens.analysis.check_config import THRESHOLDS, CheckConfig
 from ranklens.analysis.views import apply_all_views
@@ -94,7 +96,7 @@ def metric_rows(con: duckdb.DuckDBPyConnection, name: str) -> pl.DataFrame | Non
 
 def _judge(name: str, label: str, rows: pl.DataFrame, limit: float, source: str) -> Verdict:
     is_min = THRESHOLDS[name][0] == "min"
-    ordered = rows.sort("value", descending=not is_min)
+    ordered = rows.sort("value", descending=not is_min, maintain_order=True)
     worst = ordered.row(0, named=True)
     bad = rows.filter(pl.col("value") < limit) if is_min else rows.filter(pl.col("value") > limit)
     op = "<" if is_min else ">"
@@ -126,9 +128,27 @@ def _show(name: str, v: float) -> str:
     return f"{v:.1f} µs" if name.endswith("_us") else f"{100 * v:.1f}%"
 
 
+# Metrics read from the activity views (unions of every event): held once for all of them.
+_ACTIVITY_METRICS = {
+    "min_overlap",
+    "max_exposed_comm",
+    "max_comm_share",
+    "max_idle",
+    "max_straggler_wait",
+}
+
+
 def evaluate(con: duckdb.DuckDBPyConnection, config: CheckConfig) -> list[Verdict]:
     """One verdict per configured threshold (per parallelism for max_exposed_comm)."""
     apply_all_views(con)
+    with ExitStack() as stack:
+        if _ACTIVITY_METRICS & set(config.values):
+            with suppress(duckdb.CatalogException):  # no such tables: the metrics say skipped
+                stack.enter_context(_activity.held(con))
+        return _evaluate(con, config)
+
+
+def _evaluate(con: duckdb.DuckDBPyConnection, config: CheckConfig) -> list[Verdict]:
     out: list[Verdict] = []
     for name, limit in config.values.items():
         if name == "max_regression":

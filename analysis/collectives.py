@@ -108,7 +108,11 @@ def _mismatch(mism: pl.DataFrame) -> list[Finding]:
     if mism.is_empty():
         return []
     incomplete = mism.filter(pl.col("status") == "incomplete")
-    first = (incomplete if incomplete.height else mism).sort("first_ts_ns").row(0, named=True)
+    first = (
+        (incomplete if incomplete.height else mism)
+        .sort("first_ts_ns", maintain_order=True)
+        .row(0, named=True)
+    )
     missing = sorted({int(r) for lst in incomplete["missing_ranks"].to_list() for r in (lst or [])})
     what = (
         f"rank(s) {missing} never joined {incomplete.height} collective(s); first: group "
@@ -147,7 +151,7 @@ def _slow(inst: pl.DataFrame, steps: int, p: Params) -> list[Finding]:
     per_step = int(excess["x"].sum() / steps)
     if per_step < p.slow_warn_ns:
         return []
-    worst = excess.sort("x", descending=True).row(0, named=True)
+    worst = excess.sort("x", descending=True, maintain_order=True).row(0, named=True)
     return [
         Finding(
             code="COLLECTIVE_SLOW",
@@ -180,7 +184,7 @@ def _low(table: pl.DataFrame, p: Params) -> list[Finding]:
     )
     if bad.is_empty():
         return []
-    worst = bad.sort("peak_fraction").row(0, named=True)
+    worst = bad.sort("peak_fraction", maintain_order=True).row(0, named=True)
     return [
         Finding(
             code="COLLECTIVE_BUSBW_LOW",

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import duckdb
 import polars as pl
 from ranklens.analysis._base import Finding, Result, Severity
-from ranklens.analysis._sql import apply_sql, query_pl
+from ranklens.analysis._sql import apply_sql, materialized, query_pl
 
 NAME = "contention"
 
@@ -65,32 +65,35 @@ class Params:
 
 def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     """Kernel classes, per-step losses, comm-vs-comm classes and copy hiding."""
-    apply_sql(con, "intervals", "contention")
-    # One temp table so the kernel overlap (two ASOF joins over every kernel) runs once.
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE _contention_run AS SELECT * FROM contention_kernels($m)",
-        {"m": params.min_overlap},
-    )
-    try:
-        table = query_pl(
-            con,
-            "SELECT * FROM contention_classes('_contention_run', ?) "
-            "ORDER BY time_lost_ns DESC NULLS LAST, name, shape",
-            [params.min_runs],
+    apply_sql(con, "intervals")
+    # The comm islands are read by two queries; the kernel overlap (a join over every kernel)
+    # by two more: each is computed once.
+    with materialized(con, "contention", "_contention_comm", "_contention_comm_islands"):
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _contention_run AS SELECT * FROM contention_kernels($m)",
+            {"m": params.min_overlap},
         )
-        by_step = query_pl(
+        try:
+            table = query_pl(
+                con,
+                "SELECT * FROM contention_classes('_contention_run', ?) "
+                "ORDER BY time_lost_ns DESC NULLS LAST, name, shape",
+                [params.min_runs],
+            )
+            by_step = query_pl(
+                con,
+                "SELECT * FROM contention_steps('_contention_run', ?) ORDER BY rank, step",
+                [params.min_runs],
+            )
+        finally:
+            con.execute("DROP TABLE IF EXISTS temp._contention_run")
+        comm = query_pl(
             con,
-            "SELECT * FROM contention_steps('_contention_run', ?) ORDER BY rank, step",
-            [params.min_runs],
+            "SELECT * FROM contention_comm(?, ?) "
+            "ORDER BY time_lost_ns DESC NULLS LAST, name, coll_op, parallelism, nelems, dtype",
+            [params.min_overlap, params.min_runs],
         )
-    finally:
-        con.execute("DROP TABLE IF EXISTS temp._contention_run")
-    comm = query_pl(
-        con,
-        "SELECT * FROM contention_comm(?, ?) ORDER BY time_lost_ns DESC NULLS LAST, name",
-        [params.min_overlap, params.min_runs],
-    )
-    memcpy = query_pl(con, "SELECT * FROM contention_memcpy ORDER BY rank, step, direction")
+        memcpy = query_pl(con, "SELECT * FROM contention_memcpy ORDER BY rank, step, direction")
     step_ns = con.execute("SELECT avg(end_ns - start_ns) FROM steps").fetchall()[0][0]
     mean_step = float(step_ns) if step_ns is not None else 0.0
     return Result(
@@ -106,7 +109,11 @@ def _per_step_worst(df: pl.DataFrame, col: str) -> tuple[float, int | None]:
     """The worst rank's mean per step of `col`, and that rank."""
     if df.is_empty():
         return 0.0, None
-    per = df.group_by("rank").agg(pl.col(col).sum() / pl.len()).sort(col, descending=True)
+    per = (
+        df.group_by("rank")
+        .agg(pl.col(col).sum() / pl.len())
+        .sort([col, "rank"], descending=[True, False])  # ties: the lowest rank
+    )
     top = per.row(0, named=True)
     return float(top[col] or 0.0), int(top["rank"])
 
@@ -128,7 +135,7 @@ def _findings(
         slow = float((cmp["n_matched"] * cmp["t_overlapped_ns"]).sum()) / base - 1 if base else 0
         lost, rank = _per_step_worst(by_step, "time_lost_ns")
         if slow > p.slowdown_warn and lost > floor:
-            top = cmp.sort("time_lost_ns", descending=True).head(5)
+            top = cmp.sort("time_lost_ns", descending=True, maintain_order=True).head(5)
             first = top.row(0, named=True)
             out.append(
                 Finding(
@@ -190,7 +197,7 @@ def _comm_finding(
     lost = float(bad["time_lost_ns"].sum()) / n_rank_steps * ranks / max(ranks, 1)
     if lost <= floor:
         return []
-    top = bad.sort("time_lost_ns", descending=True).row(0, named=True)
+    top = bad.sort("time_lost_ns", descending=True, maintain_order=True).row(0, named=True)
     return [
         Finding(
             code="CONTENTION_COMM_SLOWDOWN",
@@ -225,7 +232,9 @@ def _comm_finding(
                             "time_lost_ns",
                         )
                     }
-                    for r in bad.sort("time_lost_ns", descending=True).head(5).iter_rows(named=True)
+                    for r in bad.sort("time_lost_ns", descending=True, maintain_order=True)
+                    .head(5)
+                    .iter_rows(named=True)
                 ],
                 "mean_step_ns": int(mean_step),
             },
@@ -243,7 +252,11 @@ def _copy_finding(
     share = float(memcpy["exposed_ns"].sum()) / total if total else 0.0
     if share <= p.exposed_copy_warn or exposed <= floor:
         return []
-    by_dir = memcpy.group_by("direction").agg(pl.col("copy_ns", "exposed_ns", "bytes").sum())
+    by_dir = (
+        memcpy.group_by("direction")
+        .agg(pl.col("copy_ns", "exposed_ns", "bytes").sum())
+        .sort("direction")
+    )
     return [
         Finding(
             code="CONTENTION_MEMCPY_EXPOSED",

@@ -43,7 +43,7 @@ def _dp_into_bubbles(results: dict[str, Result]) -> list[Finding]:
             (pl.col("window_ns").sum() / pl.len()).alias("window"),
         )
         .with_columns(pl.min_horizontal("dp", "bubble").alias("movable"))
-        .sort("movable", descending=True)
+        .sort(["movable", "rank"], descending=[True, False])  # ties: the lowest rank, every run
     )
     top = per_rank.row(0, named=True)
     if not top["window"] or top["movable"] < 0.01 * top["window"]:

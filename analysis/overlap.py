@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import duckdb
 import polars as pl
+from ranklens.analysis import _activity
 from ranklens.analysis._base import Finding, Result, Severity
 from ranklens.analysis._sql import apply_sql, query_pl
 
@@ -48,11 +49,16 @@ class Params:
 
 def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     """Compute overlap per step, per rank, per group/op and per parallelism."""
-    apply_sql(con, "intervals", "activity", "overlap")
-    table = query_pl(con, "SELECT * FROM overlap_by_step ORDER BY rank, step")
-    by_rank = query_pl(con, "SELECT * FROM overlap_by_rank ORDER BY rank")
-    by_group = query_pl(con, "SELECT * FROM overlap_by_group ORDER BY rank, step, pg_name, coll_op")
-    by_par = query_pl(con, "SELECT * FROM overlap_by_parallelism ORDER BY rank, step, parallelism")
+    with _activity.held(con):
+        apply_sql(con, "overlap")
+        table = query_pl(con, "SELECT * FROM overlap_by_step ORDER BY rank, step")
+        by_rank = query_pl(con, "SELECT * FROM overlap_by_rank ORDER BY rank")
+        by_group = query_pl(
+            con, "SELECT * FROM overlap_by_group ORDER BY rank, step, pg_name, coll_op"
+        )
+        by_par = query_pl(
+            con, "SELECT * FROM overlap_by_parallelism ORDER BY rank, step, parallelism"
+        )
     return Result(
         NAME,
         table,
@@ -71,13 +77,13 @@ def _findings(by_rank: pl.DataFrame, by_par: pl.DataFrame, p: Params) -> list[Fi
     )
     if bad.is_empty():
         return []
-    worst = bad.sort("exposed_share", descending=True).row(0, named=True)
+    worst = bad.sort(["exposed_share", "rank"], descending=[True, False]).row(0, named=True)
     per_step = int(bad["exposed_ns"].sum() / max(int(bad["steps"].sum()), 1))
     par = (
         by_par.filter(pl.col("rank").is_in(bad["rank"].to_list()))
         .group_by("parallelism")
         .agg(pl.col("exposed_ns").sum())
-        .sort("exposed_ns", descending=True)
+        .sort(["exposed_ns", "parallelism"], descending=[True, False])
     )
     top = par.row(0, named=True)["parallelism"] if not par.is_empty() else "UNKNOWN"
     fixes = {

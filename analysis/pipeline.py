@@ -162,7 +162,9 @@ def _schedule(
         has_work = None not in work and sum(work) > 0
         mean_bubble = sum(bub) / len(bub) if bub else 0.0
         mean_work = sum(work) / len(work) if has_work else None
-        heavy = part.sort("work_ns", descending=True, nulls_last=True).row(0, named=True)
+        heavy = part.sort("work_ns", descending=True, nulls_last=True, maintain_order=True).row(
+            0, named=True
+        )
         row: dict[str, Any] = {
             "pp_group": group,
             "step": step,

@@ -143,8 +143,8 @@ def _imbalance_rule(groups: list[dict[str, Any]], p: Thresholds) -> list[Finding
         if ratio is None or ratio <= 1 + p.imbalance_warn:
             continue
         st = g["stages"].with_columns((pl.col("work_ns") / pl.col("steps")).alias("w"))
-        top = st.sort("w", descending=True).row(0, named=True)
-        low = st.sort("w").row(0, named=True)
+        top = st.sort("w", descending=True, maintain_order=True).row(0, named=True)
+        low = st.sort("w", maintain_order=True).row(0, named=True)
         decomposed = _mean(g["rows"], "imbalance_ns")
         row = g["rows"].row(0, named=True)
         m, pp = row["m"] or 1, row["p"]

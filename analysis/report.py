@@ -6,11 +6,13 @@ assembly (what runs, how findings rank, the run's facts) is analysis logic.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
 import polars as pl
+from ranklens.analysis import _activity
 from ranklens.analysis._base import Finding, Result
 from ranklens.analysis._sql import query_pl
 
@@ -55,8 +57,11 @@ def build_report(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] | None =
 
     mods = REGISTRY if names is None else tuple(BY_NAME[n] for n in names)
     results: dict[str, Result] = {}
-    for mod in mods:
-        results[mod.NAME] = mod.run(con)
+    with ExitStack() as stack:
+        if any(m.NAME in _activity.USERS for m in mods):  # computed once for all of them
+            stack.enter_context(_activity.held(con))
+        for mod in mods:
+            results[mod.NAME] = mod.run(con)
     from ranklens.analysis.findings import derive
 
     findings = sorted(

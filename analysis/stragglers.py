@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 import duckdb
 import polars as pl
+from ranklens.analysis import _activity
 from ranklens.analysis._base import Finding, Result, Severity
-from ranklens.analysis._sql import apply_sql, query_pl
+from ranklens.analysis._sql import materialized, query_pl
 
 NAME = "stragglers"
 
@@ -80,15 +81,18 @@ class Params:
 
 def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     """Compute arrival skews, waits, held-back time and compute imbalance, with findings."""
-    apply_sql(con, "intervals", "activity", "stragglers")
-    table = query_pl(con, "SELECT * FROM stragglers_by_rank ORDER BY rank")
-    inst = query_pl(con, "SELECT * FROM stragglers_by_instance ORDER BY instance_id")
-    by_step = query_pl(con, "SELECT * FROM stragglers_by_step ORDER BY rank, step")
-    ranks = query_pl(
-        con, "SELECT rank, host, clock_method, align_residual_ns FROM ranks ORDER BY rank"
-    )
-    findings = _straggler(table, inst, params) + _imbalance(table, params)
-    findings += _alignment(ranks, params) + _wait(table, params)
+    with (
+        _activity.held(con, _activity.HELD_VIEWS[:2]),  # islands, compute islands
+        materialized(con, "stragglers", "_stragglers_exposed"),  # read by two queries
+    ):
+        table = query_pl(con, "SELECT * FROM stragglers_by_rank ORDER BY rank")
+        inst = query_pl(con, "SELECT * FROM stragglers_by_instance ORDER BY instance_id")
+        by_step = query_pl(con, "SELECT * FROM stragglers_by_step ORDER BY rank, step")
+        ranks = query_pl(
+            con, "SELECT rank, host, clock_method, align_residual_ns FROM ranks ORDER BY rank"
+        )
+        findings = _straggler(table, inst, params) + _imbalance(table, params)
+        findings += _alignment(ranks, params) + _wait(table, params)
     return Result(NAME, table, tuple(findings), params, {"by_instance": inst, "by_step": by_step})
 
 
@@ -99,12 +103,16 @@ def _straggler(table: pl.DataFrame, inst: pl.DataFrame, p: Params) -> list[Findi
         (pl.col("net_held_back_share") > p.held_back_share)
         & (pl.col("net_held_back_per_step_ns") >= p.min_held_back_ns)
         & (pl.col("late_z") >= p.min_late_z)
-    ).sort("net_held_back_per_step_ns", descending=True)
+    ).sort("net_held_back_per_step_ns", descending=True, maintain_order=True)
     out = []
     for row in bad.iter_rows(named=True):
         rank = int(row["rank"])
         mine = inst.filter(pl.col("late_rank") == rank)
-        ops = mine.group_by("parallelism", "op").len().sort("len", descending=True)
+        ops = (
+            mine.group_by("parallelism", "op")
+            .len()
+            .sort(["len", "parallelism", "op"], descending=[True, False, False])
+        )
         top = ops.row(0, named=True) if ops.height else {"parallelism": "?", "op": "?"}
         imb = row["compute_imbalance"]
         more = f"; its compute is {imb:+.0%} vs its peers" if imb is not None else ""
@@ -141,7 +149,7 @@ def _straggler(table: pl.DataFrame, inst: pl.DataFrame, p: Params) -> list[Findi
 
 def _imbalance(table: pl.DataFrame, p: Params) -> list[Finding]:
     bad = table.filter(pl.col("compute_imbalance") > p.imbalance_warn).sort(
-        "compute_imbalance", descending=True
+        "compute_imbalance", descending=True, maintain_order=True
     )
     if bad.is_empty():
         return []

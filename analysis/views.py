@@ -10,7 +10,7 @@ import os
 import re
 
 import duckdb
-from ranklens.analysis._sql import sql_text
+from ranklens.analysis._sql import apply_sql, sql_text
 
 VIEW_FILES: tuple[str, ...] = (
     "intervals",
@@ -26,8 +26,7 @@ VIEW_FILES: tuple[str, ...] = (
 
 def apply_all_views(con: duckdb.DuckDBPyConnection) -> None:
     """Create every analysis view and macro as temp objects on `con`."""
-    for name in VIEW_FILES:
-        con.execute(sql_text(name))
+    apply_sql(con, *VIEW_FILES)
 
 
 def install_views(db_path: str | os.PathLike[str]) -> None:

@@ -1,6 +1,9 @@
--- Shared base of breakdown and overlap: device activity per rank and step.
+-- Shared base of breakdown, overlap and stragglers: device activity per rank and step.
 -- The "device" of a rank is its GPU(s); for a CPU-only (gloo) rank it is the host (-1).
 -- Classes: 0 = compute, 1 = comm, 2 = memory (memcpy/memset).
+-- Cost: every event is sorted once, into islands (_activity_union); the rest works on islands
+-- and never copies compute per key or joins intervals by range. The analyses hold the islands
+-- and what is read twice in temp tables for the queries they run (_activity.py).
 
 CREATE OR REPLACE TEMP VIEW _activity_events AS
 SELECT e.rank, e.step, e.device, e.kind, e.ts_ns AS s, e.ts_ns + e.dur_ns AS e,
@@ -10,20 +13,68 @@ WHERE e.step IS NOT NULL
   AND e.kind IN ('compute', 'comm', 'memcpy', 'memset')
   AND ((r.has_gpu AND e.device >= 0) OR (NOT r.has_gpu AND e.device = -1));
 
-CREATE OR REPLACE TEMP VIEW _activity_iv AS
-SELECT {'rank': rank, 'step': step, 'device': device} AS k,
-       CASE kind WHEN 'compute' THEN 0 WHEN 'comm' THEN 1 ELSE 2 END AS cls, s, e
-FROM _activity_events;
+-- The (rank, step, device) that have activity (zero-length events included).
+CREATE OR REPLACE TEMP VIEW _activity_keys AS
+SELECT DISTINCT rank, step, device FROM _activity_events;
 
+-- Islands (disjoint, not touching) per (rank, step, device) and class, with aid, the number of
+-- the (rank, step, device) in order: the one sort of every event that the analyses need; all
+-- else works on islands. Zero-length events are left out (they can neither add length nor
+-- join two islands).
+-- Algorithm: interval_union_sorted's, with the key in columns and no join to number it: sort
+-- by (rank, step, device, cls, s), then only order-preserving steps. A row starts a segment
+-- when its (rank, step, device, cls) differs from the previous row's; the running count of
+-- segments, packed above the end, makes the running max of (seg << 64) + e + 2^63 restart per
+-- segment; a row opens an island when it starts a segment or starts after the running max of
+-- the rows before it; an island ends at the running max of its last row.
 CREATE OR REPLACE TEMP VIEW _activity_union AS
-SELECT * FROM interval_union('_activity_iv');
+WITH o AS (
+  SELECT rank, step, device,
+         CASE kind WHEN 'compute' THEN 0 WHEN 'comm' THEN 1 ELSE 2 END AS cls, s, e
+  FROM _activity_events WHERE e > s
+  ORDER BY rank, step, device, cls, s
+), a AS (
+  SELECT *, lag(rank) OVER () IS DISTINCT FROM rank OR lag(step) OVER () <> step
+              OR lag(device) OVER () <> device AS new_key,
+         lag(cls) OVER () AS prev_cls
+  FROM o
+), b AS (
+  SELECT rank, step, device, cls, s, e, new_key OR prev_cls <> cls AS new_seg,
+         sum(new_key::INTEGER) OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS aid,
+         sum((new_key OR prev_cls <> cls)::INTEGER)
+           OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS seg
+  FROM a
+), m AS (
+  SELECT rank, step, device, cls, s, new_seg, aid,
+         max((seg::HUGEINT << 64) + e + 9223372036854775808)
+           OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS reach
+  FROM b
+), f AS (
+  SELECT *, new_seg OR s > (lag(reach) OVER () & 18446744073709551615::HUGEINT)
+                           - 9223372036854775808 AS opens
+  FROM m
+), h AS (
+  SELECT *, lead(opens, 1, true) OVER () AS closes FROM f
+), w AS (
+  SELECT * FROM h WHERE opens OR closes
+), c AS (
+  SELECT *, CASE WHEN closes THEN reach ELSE lead(reach) OVER () END AS fin FROM w
+)
+SELECT rank, step, device, CAST(aid - 1 AS BIGINT) AS aid, cls, s,
+       CAST((fin & 18446744073709551615::HUGEINT) - 9223372036854775808 AS BIGINT) AS e
+FROM c WHERE opens;
 
+-- (rank, step, device, mask, dur): time during which exactly the classes in `mask` ran.
 CREATE OR REPLACE TEMP VIEW _activity_cov AS
-SELECT k.rank AS rank, k.step AS step, k.device AS device, mask, dur
-FROM interval_coverage('_activity_union');
+WITH u AS MATERIALIZED (
+  SELECT aid AS k, rank, step, device, cls, s, e FROM _activity_union
+), keys AS (
+  SELECT DISTINCT k, rank, step, device FROM u
+)
+SELECT keys.rank, keys.step, keys.device, c.mask, c.dur
+FROM interval_coverage_sorted('u') c JOIN keys USING (k);
 
--- Per process group and op, and per parallelism: comm intervals of that key (cls 1) against the
--- step's compute islands (cls 0), so hidden/exposed are computed per key on unions.
+-- Communication events with the keys of the per group/op and per parallelism views.
 CREATE OR REPLACE TEMP VIEW _activity_comm AS
 SELECT a.*, coalesce(a.pg_name, '?') AS pg, coalesce(a.coll_op, '?') AS op,
        coalesce(g.parallelism, CASE WHEN a.pg_name IS NULL THEN 'UNKNOWN' ELSE 'OTHER' END)
@@ -31,45 +82,70 @@ SELECT a.*, coalesce(a.pg_name, '?') AS pg, coalesce(a.coll_op, '?') AS op,
 FROM _activity_events a LEFT JOIN process_groups g ON g.pg_name = a.pg_name
 WHERE a.kind = 'comm';
 
--- (Raw compute intervals, not islands: DuckDB refuses a table macro nested in itself.)
+-- Compute islands of each (rank, step, device) with `before` (interval_prefix), k = its aid:
+-- the `c` of interval_inside.
 CREATE OR REPLACE TEMP VIEW _activity_compute_islands AS
-SELECT rank, step, device, s, e FROM _activity_events WHERE kind = 'compute';
+WITH c AS (SELECT aid AS k, rank, step, device, s, e FROM _activity_union WHERE cls = 0)
+SELECT * FROM interval_prefix('c');
 
-CREATE OR REPLACE TEMP VIEW _activity_group_iv AS
-WITH keys AS (SELECT DISTINCT rank, step, device, pg, op, parallelism FROM _activity_comm)
-SELECT {'rank': rank, 'step': step, 'device': device, 'pg': pg, 'op': op,
-        'parallelism': parallelism} AS k, 1 AS cls, s, e
-FROM _activity_comm
-UNION ALL
-SELECT {'rank': rank, 'step': step, 'device': device, 'pg': pg, 'op': op,
-        'parallelism': parallelism} AS k, 0 AS cls, c.s, c.e
-FROM _activity_compute_islands c JOIN keys USING (rank, step, device);
+-- _activity_key_cov(t): for t (rank, step, device, key, s, e) of communication intervals under
+-- any key, the coverage (rank, step, device, key, mask, dur) of the key's communication M
+-- (cls 1) and its device's compute C (cls 0): mask 1 = |C \ M|, 2 = |M \ C|, 3 = |M ∩ C|,
+-- rows with dur > 0 only, as interval_coverage gives them. Algorithm: M's islands per key
+-- (comm is a few % of the events), |M ∩ C| by interval_inside against C's islands (no copy of
+-- the device's compute per key), the rest as differences of lengths.
+CREATE OR REPLACE TEMP MACRO _activity_key_cov(t) AS TABLE
+WITH src AS MATERIALIZED (
+  SELECT rank, step, device, key, s, e FROM query_table(t)
+), c AS MATERIALIZED (
+  SELECT * FROM _activity_compute_islands
+), cn AS (
+  SELECT k AS aid, rank, step, device, sum(e - s) AS c_ns FROM c GROUP BY ALL
+), keys AS MATERIALIZED (
+  SELECT d.rank, d.step, d.device, d.key, row_number() OVER ()::BIGINT AS kid, cn.aid,
+         coalesce(cn.c_ns, 0) AS c_ns
+  FROM (SELECT DISTINCT rank, step, device, key FROM src) d
+  LEFT JOIN cn ON cn.rank = d.rank AND cn.step = d.step AND cn.device = d.device
+), iv AS (
+  SELECT keys.kid AS k, src.s, src.e
+  FROM src JOIN keys ON keys.rank = src.rank AND keys.step = src.step
+    AND keys.device = src.device AND keys.key = src.key
+  WHERE src.e > src.s
+), m AS (
+  SELECT keys.aid AS k, u.s, u.e, u.k AS kid
+  FROM interval_union_sorted('iv') u JOIN keys ON keys.kid = u.k
+), h AS (
+  SELECT kid, sum(e - s) AS m_ns, sum(inside) AS h_ns FROM interval_inside('m', 'c') GROUP BY kid
+), per AS (
+  SELECT keys.rank, keys.step, keys.device, keys.key, keys.c_ns,
+         coalesce(h.m_ns, 0) AS m_ns, coalesce(h.h_ns, 0) AS h_ns
+  FROM keys LEFT JOIN h USING (kid)
+), cv AS (
+  SELECT rank, step, device, key,
+         unnest([{'mask': 1, 'dur': c_ns - h_ns}, {'mask': 2, 'dur': m_ns - h_ns},
+                 {'mask': 3, 'dur': h_ns}]) AS md
+  FROM per
+)
+SELECT rank, step, device, key, CAST(md.mask AS BIGINT) AS mask, CAST(md.dur AS BIGINT) AS dur
+FROM cv WHERE md.dur > 0;
 
-CREATE OR REPLACE TEMP VIEW _activity_group_union AS
-SELECT * FROM interval_union('_activity_group_iv');
-
+-- Per process group and op, and per parallelism: the key's comm (cls 1) against the step's
+-- compute (cls 0), so hidden/exposed are computed per key on unions.
 CREATE OR REPLACE TEMP VIEW _activity_group_cov AS
-SELECT k.rank AS rank, k.step AS step, k.device AS device, k.pg AS pg_name, k.op AS coll_op,
-       k.parallelism AS parallelism, mask, dur
-FROM interval_coverage('_activity_group_union');
-
-CREATE OR REPLACE TEMP VIEW _activity_par_iv AS
-WITH keys AS (SELECT DISTINCT rank, step, device, parallelism FROM _activity_comm)
-SELECT {'rank': rank, 'step': step, 'device': device, 'parallelism': parallelism} AS k,
-       1 AS cls, s, e
-FROM _activity_comm
-UNION ALL
-SELECT {'rank': rank, 'step': step, 'device': device, 'parallelism': parallelism} AS k,
-       0 AS cls, c.s, c.e
-FROM _activity_compute_islands c JOIN keys USING (rank, step, device);
-
-CREATE OR REPLACE TEMP VIEW _activity_par_union AS
-SELECT * FROM interval_union('_activity_par_iv');
+WITH t AS MATERIALIZED (
+  SELECT rank, step, device, {'pg': pg, 'op': op, 'parallelism': parallelism} AS key, s, e
+  FROM _activity_comm
+)
+SELECT rank, step, device, key.pg AS pg_name, key.op AS coll_op,
+       key.parallelism AS parallelism, mask, dur
+FROM _activity_key_cov('t');
 
 CREATE OR REPLACE TEMP VIEW _activity_par_cov AS
-SELECT k.rank AS rank, k.step AS step, k.device AS device, k.parallelism AS parallelism,
-       mask, dur
-FROM interval_coverage('_activity_par_union');
+WITH t AS MATERIALIZED (
+  SELECT rank, step, device, parallelism AS key, s, e FROM _activity_comm
+)
+SELECT rank, step, device, key AS parallelism, mask, dur
+FROM _activity_key_cov('t');
 
 -- Step windows W with their length.
 CREATE OR REPLACE TEMP VIEW _activity_windows AS

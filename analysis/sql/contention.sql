@@ -35,7 +35,8 @@ SELECT k, s, e FROM interval_union_sorted('iv');
 -- Algorithm: an event of at most 1 ms that starts in 1 ms bucket b lies in [b, b + 2) ms, so
 -- each device's islands are listed under every bucket b whose [b, b + 2) they touch, and one
 -- equi-join on (device, bucket) hands each event the few islands it can overlap (islands are
--- disjoint: the overlaps add up). Longer events join the islands by range.
+-- disjoint: the overlaps add up). Longer events take their part inside the islands from
+-- interval_inside (a range join would compare each with every island of its device).
 CREATE OR REPLACE TEMP MACRO contention_kernels(min_overlap) AS TABLE
 WITH ib AS MATERIALIZED (
   SELECT k, bk, list({'s': s, 'e': e}) AS ivs FROM (
@@ -48,14 +49,17 @@ WITH ib AS MATERIALIZED (
            lambda v: greatest(least(x.e, v.e) - greatest(x.s, v.s), 0))), 0) AS ov_ns
   FROM _contention_ev x LEFT JOIN ib b ON b.k = x.dk AND b.bk = x.s // 1000000
   WHERE x.kind = 'compute' AND x.dur > 0 AND x.dur <= 1000000
+), isl AS (
+  SELECT k, s, e FROM _contention_comm_islands WHERE e > s
+), ci AS MATERIALIZED (
+  SELECT * FROM interval_prefix('isl')
+), lx AS (
+  SELECT rank, step, cls, dur, dk AS k, stream, s, e FROM _contention_ev
+  WHERE kind = 'compute' AND dur > 1000000
 ), long AS (
-  SELECT x.rank, x.step, x.cls, x.dur,
-         coalesce(sum(least(x.e, i.e) - greatest(x.s, i.s)) FILTER (WHERE i.k IS NOT NULL), 0)
-           AS ov_ns
-  FROM _contention_ev x LEFT JOIN _contention_comm_islands i
-    ON i.k = x.dk AND i.s < x.e AND i.e > x.s
-  WHERE x.kind = 'compute' AND x.dur > 1000000
-  GROUP BY x.rank, x.step, x.cls, x.dur, x.dk, x.stream, x.s
+  SELECT rank, step, cls, dur, coalesce(sum(inside), 0) AS ov_ns
+  FROM interval_inside('lx', 'ci')
+  GROUP BY rank, step, cls, dur, k, stream, s
 ), o AS (
   SELECT * FROM short UNION ALL SELECT * FROM long
 )

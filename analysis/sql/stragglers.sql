@@ -56,38 +56,50 @@ FROM stragglers_by_instance i JOIN stragglers_by_rank_instance x USING (instance
 WHERE i.late_rank IS NOT NULL AND i.n_ranks > 1
 GROUP BY i.late_rank, i.instance_id;
 
--- Exposed communication split: wait intervals (cls 2) inside comm (cls 1), against compute
--- (cls 0), per rank, step and device, on unions. exposed = |M \ C|, wait = |Wait \ C|.
-CREATE OR REPLACE TEMP VIEW _stragglers_iv AS
-SELECT {'rank': rank, 'step': step, 'device': device} AS k,
-       CASE kind WHEN 'compute' THEN 0 ELSE 1 END AS cls, s, e
-FROM _activity_events WHERE kind IN ('compute', 'comm')
-UNION ALL
-SELECT {'rank': x.rank, 'step': x.step, 'device': x.device} AS k, 2 AS cls, x.wait_s, x.wait_e
-FROM stragglers_by_rank_instance x
-WHERE x.wait_e > x.wait_s
-  AND (x.rank, x.step, x.device) IN (SELECT (rank, step, device) FROM _activity_events);
-
-CREATE OR REPLACE TEMP VIEW _stragglers_union AS SELECT * FROM interval_union('_stragglers_iv');
+-- Exposed communication split per rank and step, on unions per device: exposed = |M \ C|,
+-- wait = |Wait \ C| with Wait the union of the wait intervals (inside communication).
+-- Algorithm: M and C are the islands of _activity_union; the wait intervals (few: one per rank
+-- and collective) are unioned per device, and interval_inside gives each island's part under
+-- compute, so |X \ C| = |X| - |X ∩ C| without re-sorting the events.
+CREATE OR REPLACE TEMP VIEW _stragglers_exposed AS
+WITH c AS MATERIALIZED (
+  SELECT * FROM _activity_compute_islands
+), aids AS (
+  SELECT DISTINCT k, rank, step, device FROM c
+), m AS (
+  SELECT u.aid AS k, u.rank, u.step, u.s, u.e, 1 AS cls FROM _activity_union u WHERE u.cls = 1
+), wiv AS MATERIALIZED (
+  SELECT x.rank, x.step, x.device, x.wait_s AS s, x.wait_e AS e
+  FROM stragglers_by_rank_instance x SEMI JOIN _activity_keys a
+    ON a.rank = x.rank AND a.step = x.step AND a.device = x.device
+  WHERE x.wait_e > x.wait_s
+), wkeys AS MATERIALIZED (
+  SELECT rank, step, device, row_number() OVER ()::BIGINT AS wid
+  FROM (SELECT DISTINCT rank, step, device FROM wiv)
+), wk AS (
+  SELECT wkeys.wid AS k, wiv.s, wiv.e FROM wiv JOIN wkeys USING (rank, step, device)
+), x AS (
+  SELECT * FROM m
+  UNION ALL
+  SELECT aids.k, wkeys.rank, wkeys.step, u.s, u.e, 2
+  FROM interval_union_sorted('wk') u JOIN wkeys ON wkeys.wid = u.k
+  LEFT JOIN aids USING (rank, step, device)
+)
+SELECT rank, step, sum(e - s - inside) FILTER (WHERE cls = 1) AS exposed_ns,
+       sum(e - s - inside) FILTER (WHERE cls = 2) AS exposed_wait_ns
+FROM interval_inside('x', 'c') GROUP BY rank, step;
 
 CREATE OR REPLACE TEMP VIEW stragglers_by_step AS
-WITH cov AS (
-  SELECT k.rank AS rank, k.step AS step,
-         sum(dur) FILTER (WHERE mask & 3 = 2) AS exposed_ns,
-         sum(dur) FILTER (WHERE mask & 5 = 4) AS exposed_wait_ns
-  FROM interval_coverage('_stragglers_union') GROUP BY ALL
-)
-SELECT w.rank, w.step, w.window_ns, coalesce(exposed_ns, 0)::BIGINT AS exposed_comm_ns,
-       coalesce(exposed_wait_ns, 0)::BIGINT AS exposed_wait_ns,
-       (coalesce(exposed_ns, 0) - coalesce(exposed_wait_ns, 0))::BIGINT AS exposed_transfer_ns
-FROM _activity_windows w LEFT JOIN cov USING (rank, step);
+SELECT w.rank, w.step, w.window_ns, coalesce(x.exposed_ns, 0)::BIGINT AS exposed_comm_ns,
+       coalesce(x.exposed_wait_ns, 0)::BIGINT AS exposed_wait_ns,
+       (coalesce(x.exposed_ns, 0) - coalesce(x.exposed_wait_ns, 0))::BIGINT AS exposed_transfer_ns
+FROM _activity_windows w LEFT JOIN _stragglers_exposed x USING (rank, step);
 
 -- Compute per step, compared with the rank's peers: ranks of the same pipeline stage (their
 -- index in a PP group), or every rank when there is no PP group.
 CREATE OR REPLACE TEMP VIEW _stragglers_compute AS
 WITH c AS (
-  SELECT rank, sum(dur) FILTER (WHERE mask & 1 <> 0) AS compute_ns FROM _activity_cov
-  GROUP BY rank
+  SELECT rank, sum(e - s) AS compute_ns FROM _activity_compute_islands GROUP BY rank
 ), n AS (SELECT rank, count(*) AS steps FROM _activity_windows GROUP BY rank),
 pp AS (
   SELECT unnest(ranks) AS rank, unnest(generate_series(1, len(ranks))) AS stage

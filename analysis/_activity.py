@@ -1,0 +1,33 @@
+"""The shared base of breakdown, overlap and stragglers (activity.sql), held once per scope.
+
+Why: the islands of every rank's device activity cost one sort of every event (seconds on a
+10 M-event run) and feed several views; holding them in temp tables makes each analysis (and
+the report, which runs them back to back) compute them once instead of once per query.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+import duckdb
+from ranklens.analysis._sql import apply_sql, materialized
+
+# The analyses that read them.
+USERS: tuple[str, ...] = ("breakdown", "overlap", "stragglers")
+
+# In dependency order: each is computed from the ones before it once those are held.
+HELD_VIEWS: tuple[str, ...] = (
+    "_activity_union",
+    "_activity_compute_islands",
+    "_activity_cov",
+    "_activity_comm",
+)
+
+
+def held(
+    con: duckdb.DuckDBPyConnection, views: tuple[str, ...] = HELD_VIEWS
+) -> AbstractContextManager[None]:
+    """Apply intervals.sql and activity.sql and hold the activity views (all, or `views`, in
+    dependency order) while the block runs; the database must not change meanwhile."""
+    apply_sql(con, "intervals")
+    return materialized(con, "activity", *views)

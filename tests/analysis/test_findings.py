@@ -1,0 +1,65 @@
+"""Cross-analysis findings (analysis/findings.py) on hand-built results: values by hand, ties.
+
+Why: `derive` combines two analyses' tables; its numbers are simple enough to compute by hand,
+and which rank it names must not depend on the order polars' group_by happens to return.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+from ranklens.analysis import Result
+from ranklens.analysis.findings import derive
+
+MS = 1_000_000
+
+
+def _results(rows: list[tuple[int, int, int, int, int, int]]) -> dict[str, Result]:
+    """rows: (rank, stage, step, bubble_ns, window_ns, dp_exposed_ns)."""
+    pipe = pl.DataFrame(
+        [(r, st, s, b, w) for r, st, s, b, w, _ in rows],
+        schema=["rank", "stage", "step", "bubble_ns", "window_ns"],
+        orient="row",
+    )
+    par = pl.DataFrame(
+        [(r, s, p, x) for r, _, s, _, _, dp in rows for p, x in (("DP", dp), ("TP", 7 * MS))],
+        schema=["rank", "step", "parallelism", "exposed_ns"],
+        orient="row",
+    )
+    return {
+        "pipeline": Result("pipeline", pipe),
+        "overlap": Result("overlap", pl.DataFrame(), tables={"by_parallelism": par}),
+    }
+
+
+def test_dp_into_bubbles_by_hand() -> None:
+    # rank 3: dp 4 and 6 ms (mean 5), bubble 10 ms, window 100 ms -> movable min(5, 10) = 5 ms
+    # rank 1: dp 20 ms, bubble 2 ms -> movable 2 ms. TP's exposed time is not DP's.
+    res = _results(
+        [
+            (1, 0, 0, 2 * MS, 100 * MS, 20 * MS),
+            (1, 0, 1, 2 * MS, 100 * MS, 20 * MS),
+            (3, 1, 0, 10 * MS, 100 * MS, 4 * MS),
+            (3, 1, 1, 10 * MS, 100 * MS, 6 * MS),
+        ]
+    )
+    (f,) = derive(res)
+    assert f.code == "PIPELINE_DP_INTO_BUBBLES"
+    assert f.time_at_stake_ns == 5 * MS
+    assert f.value == 0.05
+    assert "stage 1 (rank 3)" in f.message and "5.00 ms" in f.message
+    assert set(f.ranks) == {1, 3} and f.steps == (0, 1)
+
+
+def test_dp_into_bubbles_names_the_lowest_rank_on_a_tie() -> None:
+    rows = [(r, r % 2, 0, 10 * MS, 100 * MS, 4 * MS) for r in (9, 5, 2, 7)]
+    for order in (rows, rows[::-1]):
+        (f,) = derive(_results(order))
+        assert "(rank 2)" in f.message, f.message
+
+
+def test_dp_into_bubbles_needs_both_analyses() -> None:
+    res = _results([(0, 0, 0, 10 * MS, 100 * MS, 4 * MS)])
+    assert derive({"pipeline": res["pipeline"]}) == []
+    assert derive({"overlap": res["overlap"]}) == []
+    small = _results([(0, 0, 0, 10 * MS, 100 * MS, MS // 2)])  # 0.5% of the window: below 1%
+    assert derive(small) == []
