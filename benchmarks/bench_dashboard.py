@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import statistics
 import sys
 import tempfile
@@ -134,25 +133,17 @@ def _json(obj: Any) -> int:
 
 
 def warm_data(db: Path) -> tuple[Any, float]:
-    """The run with its analyses computed; they are kept beside the benchmark's database
-    (benchmarks/_work) so later runs skip the long part. Returns (RunData, warm-up seconds)."""
+    """The run with its analyses computed, as the server does before it opens its port.
+    Returns (RunData, warm-up seconds). Not cached: the warm-up is one of the figures."""
     from ranklens.dashboards.data import RunData
 
     data = RunData(db)
-    cache, timing = db.with_suffix(".report.pkl"), db.with_suffix(".warm.json")
-    if cache.exists() and timing.exists():
-        data._report = pickle.loads(cache.read_bytes())
-        data.warm()
-        return data, float(json.loads(timing.read_text())["warm_s"])
     t = time.perf_counter()
     data.warm()
-    warm = time.perf_counter() - t
-    cache.write_bytes(pickle.dumps(data.report()))
-    timing.write_text(json.dumps({"warm_s": warm}))
-    return data, warm
+    return data, time.perf_counter() - t
 
 
-def server_side(db: Path) -> dict[str, float]:
+def server_side(db: Path, data: Any) -> dict[str, float]:
     """Warm-up, first page and timeline windows, timed in this process."""
     from ranklens.dashboards.app import create_app, warm_pages
     from ranklens.dashboards.figures import MS
@@ -160,7 +151,6 @@ def server_side(db: Path) -> dict[str, float]:
     from ranklens.dashboards.pages import timeline as tpage
 
     out: dict[str, float] = {}
-    data, out["warm_s"] = warm_data(db)
     app = create_app(db, data=data)
     t = time.perf_counter()
     warm_pages(app)
@@ -194,7 +184,6 @@ def server_side(db: Path) -> dict[str, float]:
     out["events"] = float(cur.execute("SELECT count(*) FROM events").fetchone()[0])  # type: ignore[index]
     out["ranks"] = float(cur.execute("SELECT count(*) FROM ranks").fetchone()[0])  # type: ignore[index]
     cur.close()
-    data.close()
     return out
 
 
@@ -206,7 +195,7 @@ DRAWN = (
 POLL_S = 0.02  # how often the page is asked whether it is ready
 
 
-def browser_side(db: Path, runs: int) -> dict[str, float]:
+def browser_side(db: Path, data: Any, runs: int) -> dict[str, float]:
     """First page and pan/zoom, end to end in headless chromium (server warm, as `ranklens
     dashboard` serves it): the first page in a fresh profile (nothing cached), then `runs`
     loads of it and `runs` zooms/pans, reported as median and worst."""
@@ -216,7 +205,6 @@ def browser_side(db: Path, runs: int) -> dict[str, float]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    data, _ = warm_data(db)
     app = LiveApp(db, data)
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
@@ -242,6 +230,9 @@ def browser_side(db: Path, runs: int) -> dict[str, float]:
 
     out: dict[str, float] = {}
     try:
+        # A browser already running (as a user's is), with nothing of this server's cached:
+        # the first navigation of a new browser process also starts its renderer and caches.
+        driver.get("data:text/html,<p>ready</p>")
         out["browser_first_page_cold_s"] = page("/")
         loads = [page("/") for _ in range(runs)]
         page("/timeline")
@@ -280,9 +271,11 @@ def main() -> None:
     args = ap.parse_args()
     db = build(args.repeat)
     load0 = os.getloadavg()
-    res = server_side(db)
+    data, warm_s = warm_data(db)
+    res = {"warm_s": warm_s, **server_side(db, data)}
     if args.browser:
-        res.update(browser_side(db, args.runs))
+        res.update(browser_side(db, data, args.runs))
+    data.close()
     load1 = os.getloadavg()
     print(json.dumps({k: round(v, 3) for k, v in res.items()}, indent=1))
     print(

@@ -43,6 +43,8 @@ def create_app(db_path: str | os.PathLike[str], *, data: RunData | None = None) 
         use_pages=True,
         pages_folder="",
         title="ranklens",
+        # assets/ holds plotly.js's partial bundle, which the page loads itself (page_speed)
+        assets_ignore=r".*\.js$",
         suppress_callback_exceptions=True,
         update_title=None,  # type: ignore[arg-type]  # None: keep the tab title
     )

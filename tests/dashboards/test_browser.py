@@ -16,12 +16,17 @@ import polars as pl
 import pytest
 from ranklens.analysis import pipeline, stragglers
 from ranklens.analysis import timeline as tl
+from ranklens.dashboards import page_speed
 
 from .conftest import SCREENSHOTS, LiveApp
 
 pytestmark = pytest.mark.browser
 
 PAGES = ("/", "/timeline", "/pipeline", "/communication", "/contention", "/findings", "/sql")
+# Every graph of the page drawn (or none on the page).
+DRAWN = (
+    "Array.from(document.querySelectorAll('.dash-graph')).every(g => g.querySelector('.main-svg'))"
+)
 
 
 def wait_for(browser: Any, js: str, timeout: float = 60.0, poll: float = 0.1) -> Any:
@@ -102,14 +107,17 @@ def test_straggler_in_heatmap_and_findings(browser: Any, straggler: LiveApp) -> 
     listed = text(browser, "#overview-findings")
     assert "STRAGGLER_RANK" in listed and f"rank {rank}" in listed
     assert not severe_logs(browser)
-    # page_speed: plotly.js loaded once (by the page's head, not again by dcc.Graph), and
-    # the browser's own trim and parseInt back in place of the polyfill's.
+    # page_speed: plotly.js loaded once (by the page's head, not again by dcc.Graph), the
+    # bundle page_speed chose (the partial one where the versions agree), and the browser's
+    # own trim and parseInt back in place of the polyfill's.
     loaded = browser.execute_script(
-        """return [performance.getEntriesByType('resource')
-                     .filter(e => e.name.includes('plotly.min.js')).length,
+        """return [performance.getEntriesByType('resource').map(e => e.name)
+                     .filter(n => /plotly[^/]*\\.min\\.js/.test(n)),
                    String(String.prototype.trim), String(parseInt), typeof Plotly.react];"""
     )
-    assert loaded[0] == 1 and "[native code]" in loaded[1] and "[native code]" in loaded[2]
+    chosen = page_speed.plotly_url(straggler.app).split("?")[0]
+    assert len(loaded[0]) == 1 and loaded[0][0].split("?")[0].endswith(chosen), loaded[0]
+    assert "[native code]" in loaded[1] and "[native code]" in loaded[2]
     assert loaded[3] == "function"
     shoot(browser, "overview")
     print(f"overview rendered in the browser in {took:.2f} s")
@@ -288,4 +296,13 @@ def test_every_page_opens(
         body = text(browser, "#_pages_content")
         assert "not available for this run" not in body, (path, body[:400])
         assert not severe_logs(browser), path
+        # every trace the page draws is a type the loaded plotly.js bundle has
+        wait_for(browser, DRAWN)
+        unknown = browser.execute_script(
+            """const known = Object.keys(Plotly.PlotSchema.get().traces);
+               return Array.from(document.querySelectorAll('.js-plotly-plot'))
+                 .flatMap(g => (g.data || []).map(t => t.type || 'scatter'))
+                 .filter(t => !known.includes(t));"""
+        )
+        assert unknown == [], (path, unknown)
         shoot(browser, "megatron" + (path.replace("/", "_") if path != "/" else "_overview"))
