@@ -29,7 +29,7 @@ class RankPart:
             file name, else raises a RankError).
         info: values for `ranks` columns (world_size, host, pid, backend, device_name, ...).
         events: Arrow tables with exactly EVENT_COLUMNS (rank/trace_id may be null: the loader
-            fills them).
+            fills them). The sink takes them out of the list as it stages them.
         groups: `process_groups` rows as dicts (pg_name, pg_desc, ranks, size, backend, source).
         threads: (pid, tid, name) labels; tid -1 names a process.
         warnings: things the user should know that did not stop the ingest.

@@ -15,7 +15,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-from ranklens.ingest import kineto
+from ranklens.ingest import kineto, staging
 from ranklens.ingest._model import RankPart
 from ranklens.ingest.errors import RankError, RanklensError
 from ranklens.ingest.steps import write_rank
@@ -61,8 +61,8 @@ class Sink:
         self.groups: list[dict[str, Any]] = []
         self.threads: set[tuple[int, int, int, str]] = set()
         # A rank's event pieces wait here until the rank is complete (add_rank): its steps are
-        # assigned on them and they are written once (steps.write_rank).
-        self._staged: dict[int, list[pa.Table]] = {}
+        # assigned on them and they are written once (steps.write_rank). Packed: staging.py.
+        self._staged: dict[int, list[staging.Piece]] = {}
 
     def fail(self, trace_id: int, path: str, err: RanklensError, size: int = 0) -> None:
         if self.on_error == "raise":
@@ -99,20 +99,18 @@ class Sink:
     def add_events(self, table: pa.Table) -> None:
         """Stage a piece of a rank's events (all its rows carry one rank)."""
         if table.num_rows:
-            self._staged.setdefault(table["rank"][0].as_py(), []).append(table)
+            self._staged.setdefault(table["rank"][0].as_py(), []).append(staging.pack(table))
 
     def drop_events(self, trace_id: int) -> None:
         """Forget a file's events, staged or written (its file turned out bad)."""
         for rank in list(self._staged):
-            self._staged[rank] = [t for t in self._staged[rank] if not _is_trace(t, trace_id)]
+            self._staged[rank] = [p for p in self._staged[rank] if p.trace_id != trace_id]
         self.con.execute("DELETE FROM events WHERE trace_id = ?", [trace_id])
 
     def _write_rank(self, rank: int, has_gpu: bool) -> None:
-        tables = self._staged.pop(rank, [])
-        if tables:
-            ev = pa.concat_tables(_same_types(tables), promote_options="permissive")
-            tables.clear()
-            write_rank(self.con, rank, has_gpu, ev)
+        pieces = self._staged.pop(rank, [])
+        if pieces:
+            write_rank(self.con, rank, has_gpu, pieces)
 
     def add_rank(
         self,
@@ -163,34 +161,17 @@ class Sink:
                     part.rank if part.rank is not None else kineto._rank_from_name(path),
                 )
                 n = 0
-                for t in part.events:
-                    t = _with_rank(t, rank, trace_id)
+                while part.events:  # each table let go once staged (packed: staging.py)
+                    t = _with_rank(part.events.pop(0), rank, trace_id)
                     self.add_events(t)
                     n += t.num_rows
+                    del t
                 self.add_rank(trace_id, path, "nsys", file_size(path), None, rank, part.info, n)
                 self.add_threads(rank, part.threads)
                 self.groups += part.groups
                 self.report.warnings += [f"{path}: {w}" for w in part.warnings]
         except RanklensError as err:
             self.fail(trace_id, path, err, file_size(path))
-
-
-def _is_trace(t: pa.Table, trace_id: int) -> bool:
-    return t.num_rows > 0 and bool(t["trace_id"][0].as_py() == trace_id)
-
-
-def _same_types(tables: list[pa.Table]) -> list[pa.Table]:
-    """A column dictionary-encoded in some pieces (the C scanner's names) is encoded in all, so
-    that the pieces concatenate without expanding the repeated strings."""
-    encoded = {f.name for t in tables for f in t.schema if pa.types.is_dictionary(f.type)}
-    out = []
-    for t in tables:
-        for name in encoded:
-            i = t.column_names.index(name)
-            if not pa.types.is_dictionary(t.schema.field(i).type):
-                t = t.set_column(i, name, t.column(i).cast(pa.string()).dictionary_encode())
-        out.append(t)
-    return out
 
 
 def _with_rank(t: pa.Table, rank: int, trace_id: int) -> pa.Table:

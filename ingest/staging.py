@@ -1,0 +1,79 @@
+"""A rank's events while they wait for its steps: the step columns as Arrow, the rest packed.
+
+Why: a rank's steps depend on all its events, so nothing of the rank can be written before its
+last piece is decoded. Holding every column of every piece until then made the staged rows the
+largest part of an ingest's peak memory (~140 bytes a row, most of it 8-byte columns that are
+largely null). The step assignment reads six columns, kept as they are; the others are kept as
+LZ4-compressed Arrow IPC (a few times smaller, and fast to pack and unpack) and unpacked one
+piece at a time as the piece is written (steps.write_rank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+# What steps.py's SQL reads of a rank's events.
+STEP_COLUMNS = ("name", "kind", "device", "ts_ns", "dur_ns", "correlation")
+
+_OPTIONS = ipc.IpcWriteOptions(compression="lz4")
+
+
+@dataclass
+class Piece:
+    """One staged piece: its step columns, and its other columns packed."""
+
+    trace_id: int
+    rows: int
+    step_cols: pa.Table
+    packed: pa.Buffer
+
+
+def pack(table: pa.Table) -> Piece:
+    """Stage `table` (one piece of one rank, one trace): the caller drops its own reference."""
+    cols = [c for c in STEP_COLUMNS if c in table.column_names]
+    rest = table.drop_columns(cols)
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, rest.schema, options=_OPTIONS) as writer:
+        writer.write_table(rest)
+    trace = int(table["trace_id"][0].as_py()) if "trace_id" in table.column_names else -1
+    return Piece(trace, table.num_rows, table.select(cols), sink.getvalue())
+
+
+def step_table(pieces: list[Piece]) -> pa.Table:
+    """The step columns of all the pieces, in order, as one table (zero-copy where it can)."""
+    tables = same_types([p.step_cols for p in pieces])
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def unpack_all(pieces: list[Piece]) -> Iterator[pa.Table]:
+    """Each piece whole (its columns in no set order), in order; each is released from
+    `pieces` as it is handed out."""
+    pieces.reverse()
+    while pieces:
+        piece = pieces.pop()
+        with ipc.open_stream(piece.packed) as reader:
+            table = reader.read_all()
+        for name, col in zip(piece.step_cols.column_names, piece.step_cols.columns, strict=True):
+            table = table.append_column(name, col)
+        del piece
+        yield table
+
+
+def same_types(tables: list[pa.Table]) -> list[pa.Table]:
+    """A column dictionary-encoded in some tables (the C scanner's names) is encoded in all, so
+    that they concatenate without expanding the repeated strings."""
+    encoded = {f.name for t in tables for f in t.schema if pa.types.is_dictionary(f.type)}
+    out = []
+    for t in tables:
+        for name in encoded:
+            if name not in t.column_names:
+                continue
+            i = t.column_names.index(name)
+            if not pa.types.is_dictionary(t.schema.field(i).type):
+                t = t.set_column(i, name, t.column(i).cast(pa.string()).dictionary_encode())
+        out.append(t)
+    return out
