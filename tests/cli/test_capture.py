@@ -124,7 +124,7 @@ def test_capture_slowed_rank_fails_straggler_check(tmp_path: Path) -> None:
         "--slow-rank",
         "3",
         "--slow-ms",
-        "20",
+        "50",  # well above what 4 gloo processes sharing 2 busy cores add at random
         "--steps",
         "5",
         steps="2",
@@ -135,26 +135,27 @@ def test_capture_slowed_rank_fails_straggler_check(tmp_path: Path) -> None:
     assert bad.returncode == 3, bad.stdout + bad.stderr
     (failed,) = [c for c in json.loads(bad.stdout)["checks"] if c["status"] == "fail"]
     assert failed["name"] == "max_straggler_wait"
-    assert failed["worst"]["subject"] == "rank 3"  # the rank slowed by 20 ms per forward
+    assert failed["worst"]["subject"] == "rank 3"  # the rank slowed by 50 ms per forward
 
 
 @pytest.mark.slow
 def test_baseline_two_real_runs(tmp_path: Path) -> None:
     """Two captures of one configuration: no regression (differences stay within the
-    threshold or the measured step-to-step noise). A run with a rank slowed by 40 ms per
-    forward: a step-time regression, named."""
+    threshold or the measured step-to-step noise). A run with a rank slowed by 150 ms per
+    forward: a step-time regression, named. (4 gloo processes share 2 cores here, often with
+    other work: the threshold and the injected slowdown leave room for that noise.)"""
     pytest.importorskip("torch", reason="capture needs torch (CI installs torch==2.13.0)")
     base, same, slow = tmp_path / "base", tmp_path / "same", tmp_path / "slow"
     dp4 = ("--tp", "1", "--pp", "1", "--dp", "4", "--microbatches", "2", "--steps", "6")
     _capture(base, *dp4)
     _capture(same, *dp4)
-    _capture(slow, *dp4, "--slow-rank", "3", "--slow-ms", "40")
+    _capture(slow, *dp4, "--slow-rank", "3", "--slow-ms", "150")
     ok = _ranklens(
-        "check", str(same), "--baseline", str(base), "--max-regression", "15%", "-f", "json"
+        "check", str(same), "--baseline", str(base), "--max-regression", "25%", "-f", "json"
     )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     bad = _ranklens(
-        "check", str(slow), "--baseline", str(base), "--max-regression", "15%", "-f", "json"
+        "check", str(slow), "--baseline", str(base), "--max-regression", "25%", "-f", "json"
     )
     assert bad.returncode == 3, bad.stdout + bad.stderr
     doc = json.loads(bad.stdout)
