@@ -10,7 +10,8 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 
 import duckdb
-from ranklens.analysis._sql import apply_sql, materialized
+import polars as pl
+from ranklens.analysis._sql import apply_sql, materialized, query_pl
 
 # The analyses that read them.
 USERS: tuple[str, ...] = ("breakdown", "overlap", "stragglers")
@@ -31,3 +32,10 @@ def held(
     dependency order) while the block runs; the database must not change meanwhile."""
     apply_sql(con, "intervals")
     return materialized(con, "activity", *views)
+
+
+def read(con: duckdb.DuckDBPyConnection, sql_file: str, *queries: str) -> list[pl.DataFrame]:
+    """Run an analysis' `queries` over its `sql_file` views with the activity views held."""
+    with held(con):
+        apply_sql(con, sql_file)
+        return [query_pl(con, q) for q in queries]

@@ -18,7 +18,6 @@ import duckdb
 import polars as pl
 from ranklens.analysis import _activity
 from ranklens.analysis._base import Finding, Result, Severity
-from ranklens.analysis._sql import apply_sql, query_pl
 
 NAME = "breakdown"
 
@@ -54,13 +53,13 @@ class Params:
 
 def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     """Compute the breakdown tables and findings."""
-    with _activity.held(con):
-        apply_sql(con, "breakdown")
-        table = query_pl(con, "SELECT * FROM breakdown_by_step ORDER BY rank, step")
-        by_rank = query_pl(con, "SELECT * FROM breakdown_by_rank ORDER BY rank")
-        by_par = query_pl(
-            con, "SELECT * FROM breakdown_by_parallelism ORDER BY rank, step, parallelism"
-        )
+    table, by_rank, by_par = _activity.read(
+        con,
+        "breakdown",
+        "SELECT * FROM breakdown_by_step ORDER BY rank, step",
+        "SELECT * FROM breakdown_by_rank ORDER BY rank",
+        "SELECT * FROM breakdown_by_parallelism ORDER BY rank, step, parallelism",
+    )
     return Result(
         NAME,
         table,

@@ -17,7 +17,6 @@ import duckdb
 import polars as pl
 from ranklens.analysis import _activity
 from ranklens.analysis._base import Finding, Result, Severity
-from ranklens.analysis._sql import apply_sql, query_pl
 
 NAME = "overlap"
 
@@ -49,16 +48,14 @@ class Params:
 
 def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     """Compute overlap per step, per rank, per group/op and per parallelism."""
-    with _activity.held(con):
-        apply_sql(con, "overlap")
-        table = query_pl(con, "SELECT * FROM overlap_by_step ORDER BY rank, step")
-        by_rank = query_pl(con, "SELECT * FROM overlap_by_rank ORDER BY rank")
-        by_group = query_pl(
-            con, "SELECT * FROM overlap_by_group ORDER BY rank, step, pg_name, coll_op"
-        )
-        by_par = query_pl(
-            con, "SELECT * FROM overlap_by_parallelism ORDER BY rank, step, parallelism"
-        )
+    table, by_rank, by_group, by_par = _activity.read(
+        con,
+        "overlap",
+        "SELECT * FROM overlap_by_step ORDER BY rank, step",
+        "SELECT * FROM overlap_by_rank ORDER BY rank",
+        "SELECT * FROM overlap_by_group ORDER BY rank, step, pg_name, coll_op",
+        "SELECT * FROM overlap_by_parallelism ORDER BY rank, step, parallelism",
+    )
     return Result(
         NAME,
         table,
