@@ -1,15 +1,16 @@
 """pipeline: pipeline bubbles per stage and step, the micro-batch Gantt, and why.
 
 Stages are the ranks of PP process groups (labeled PP; else the group the p2p traffic shows),
-stage = rank within the group. Per stage and step window W, on unions of device activity:
-bubble = W minus busy time (compute, non-PP communication, memcpy) minus micro-batch blocks,
-i.e. idle plus PP send/recv with nothing else running (a waiting stage spins in a SendRecv
-kernel or blocks in gloo:recv, so idle alone under-counts). It is split into warm-up (before
-the first backward), steady state (until the last forward ends) and cool-down.
+stage = rank within the group. Per stage and step window W, on unions of device activity,
+design.md's bubble: idle + |M_PP \\ C| (time with no compute that is idle or inside PP
+send/recv, whether or not DP/TP communication runs beside it; `bubble_filled_ns` says how much
+of it other communication already uses). It is split into warm-up (before the first backward),
+steady state (until the last forward ends) and cool-down.
 
 Micro-batch blocks (F/B/W) come from annotations (`forward_mb3`, `backward-compute`, `wgrad_1`,
 DeepSeek-style `attn(F)`; GPU ranks use device-side ranges, else the kernels a host range
-launched), else from the order of PP send/recv (first/last stages then fuse F and B: 'FB').
+launched), else from the PP send/recv around the compute (peers from the trace, inferred at
+ingest, or the overlapping neighbour), in any issue order; first/last stages fuse F and B.
 Schedule (p, m, v; gpipe/1f1b/interleaved/zero_bubble) is inferred from the blocks or given in
 Params. Convention: `bubble_fraction` = bubble / (bubble + work), a fraction of the pipeline's
 total time, compared with GPipe/1F1B (p-1)/(m+p-1); interleaved uses Megatron's fraction of
@@ -34,6 +35,7 @@ from ranklens.analysis.pipeline_findings import findings
 from ranklens.analysis.pipeline_model import Block, decompose
 
 NAME = "pipeline"
+SQL_FILES = ("intervals", "pipeline", "pipeline_p2p", "pipeline_steps")
 
 COLUMNS: dict[str, str] = {
     "rank": "Global rank (one pipeline stage).",
@@ -44,11 +46,12 @@ COLUMNS: dict[str, str] = {
     "microbatches": "m: micro-batches per step (inferred, or Params.microbatches).",
     "schedule": "gpipe, 1f1b, interleaved or zero_bubble (inferred, or Params.schedule).",
     "window_ns": "|W|: the stage's step window.",
-    "work_ns": "Time inside micro-batch blocks, gaps between kernels included (NULL: none).",
-    "other_busy_ns": "Busy outside blocks (DP all-reduce, optimizer, ...): not bubble.",
-    "bubble_ns": "W minus busy minus blocks: idle + PP wait with nothing else running.",
+    "work_ns": "Time inside micro-batch blocks that is not bubble (NULL: no blocks).",
+    "other_busy_ns": "W minus bubble minus work (DP all-reduce, optimizer, ...).",
+    "bubble_ns": "idle + |M_PP \\ C|: no compute, and idle or in PP send/recv (design.md).",
     "idle_ns": "Part of the bubble with nothing running at all.",
-    "pp_wait_ns": "Part of the bubble inside PP send/recv (spinning or blocked).",
+    "pp_wait_ns": "Part of the bubble inside PP send/recv with no compute: |M_PP \\ C|.",
+    "bubble_filled_ns": "Part of the bubble other communication (e.g. DP) already runs in.",
     "warmup_bubble_ns": "Bubble before the stage's first backward block.",
     "steady_bubble_ns": "Bubble between the first backward and the end of the last forward.",
     "cooldown_bubble_ns": "Bubble after the last forward block.",
@@ -106,7 +109,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     """Bubbles per stage and step, the Gantt, the schedule and the excess decomposition."""
     if params.schedule is not None and params.schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}")
-    apply_sql(con, "intervals", "pipeline")
+    apply_sql(con, *SQL_FILES)
     by_step = query_pl(con, "SELECT * FROM pipeline_by_step ORDER BY pp_group, step, stage")
     blocks = query_pl(con, "SELECT * FROM pipeline_blocks ORDER BY rank, step, start_ns")
     inferred = query_pl(con, "SELECT * FROM pipeline_schedule ORDER BY pp_group, step")

@@ -168,6 +168,13 @@ def _imbalance_rule(groups: list[dict[str, Any]], p: Thresholds) -> list[Finding
                 "how": "schedule replay" if decomposed is not None else "(m+p-1)/m*(max-mean)",
             }
         )
+    # A layout problem makes the same stage heavy in most pipelines; one slow rank makes its
+    # own pipeline lopsided only, and the stragglers analysis names it with its evidence.
+    counts: dict[int, int] = {}
+    for x in heavy:
+        counts[int(x["heavy_stage"])] = counts.get(int(x["heavy_stage"]), 0) + 1
+    if 2 * max(counts.values()) < len(groups):
+        return []
     h = max(heavy, key=lambda x: x["busy_max_over_mean"])
     stages_named = sorted({x["heavy_stage"] for x in heavy})
     return [

@@ -20,6 +20,8 @@ VIEW_FILES: tuple[str, ...] = (
     "stragglers",
     "collectives",
     "pipeline",
+    "pipeline_p2p",
+    "pipeline_steps",
     "contention",
 )
 

@@ -108,6 +108,7 @@ static int commit(Scan *sc, Ev *ev) {
         buf_put(&sc->pid, &pid, 8) | buf_put(&sc->tid, &tid, 8) | buf_put(&sc->ts_ns, &ts, 8) |
         buf_put(&sc->dur_ns, &dur, 8))
         return -1;
+    ev->ints[I_PEER] = ev->dst.set ? ev->dst : ev->src; /* as kineto_events._peers */
     for (int i = 0; i < N_INT; i++)
         if (int_push(&sc->ints[i], ev->ints[i].set, ev->ints[i].v) < 0) return -1;
     static const int raw[S_ANAME] = {0, 0, 0, 0, 1, 1, 1, 1};

@@ -17,9 +17,11 @@ typedef struct {
     int64_t v;
 } OptInt;
 
-enum { I_EXT, I_CORR, I_STREAM, I_DEVICE, I_IN, I_OUT, I_GSIZE, I_SEQ, I_BYTES, N_INT };
+/* I_PEER is not a key: commit() fills it from `Dst Rank` / `Src Rank` (Ev.dst, Ev.src) */
+enum { I_EXT, I_CORR, I_STREAM, I_DEVICE, I_IN, I_OUT, I_GSIZE, I_SEQ, I_BYTES, I_PEER, N_INT };
 static const char *INT_NAMES[N_INT] = {"external_id", "correlation", "stream", "device",
-                                       "in_nelems", "out_nelems", "group_size", "seq", "bytes"};
+                                       "in_nelems", "out_nelems", "group_size", "seq", "bytes",
+                                       "peer"};
 enum { S_COLL, S_DTYPE, S_PGNAME, S_PGDESC, S_PGRANKS, S_DIMS, S_ITYPES, S_CONCRETE, S_ANAME,
        N_SPAN };
 /* string columns: the spans above except the metadata name, plus the launch text */
@@ -36,6 +38,7 @@ typedef struct {
     int ts_set, dur_set;
     double ts, dur;
     OptInt ints[N_INT];
+    OptInt dst, src; /* p2p peer: `Dst Rank` (send), `Src Rank` (recv) */
     Span spans[N_SPAN];
     char grid[96], block[96];
     int grid_set, block_set;
@@ -95,6 +98,30 @@ static int parse_int(Parser *ps, OptInt *o, int allow_float) {
     if (!allow_float || !(fabs(num.d) < 9.2e18)) FAIL(ps, "expected an integer");
     o->v = (int64_t)num.d; /* Python int(float): truncation */
     o->set = 1;
+    return 0;
+}
+
+/* A global rank (`Dst Rank` / `Src Rank`): an int or a string of ASCII digits in 0..INT32_MAX.
+ * Anything else (escaped, negative, longer, a float) goes to the reference, which judges it. */
+static int parse_rank(Parser *ps, OptInt *o) {
+    ws(ps);
+    if (ps->p < ps->end && *ps->p == '"') {
+        const u8 *s;
+        Py_ssize_t n;
+        int esc;
+        if (scan_string(ps, &s, &n, &esc) < 0) return -1;
+        if (esc || n < 1 || n > 10) FAIL(ps, "odd rank string");
+        int64_t v = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (s[i] < '0' || s[i] > '9') FAIL(ps, "odd rank string");
+            v = v * 10 + (s[i] - '0');
+        }
+        o->v = v;
+        o->set = 1;
+    } else if (parse_int(ps, o, 0) < 0) {
+        return -1;
+    }
+    if (o->set && (o->v < 0 || o->v > INT32_MAX)) FAIL(ps, "rank beyond int32");
     return 0;
 }
 
@@ -217,6 +244,8 @@ static int parse_args(Parser *ps, Ev *ev) {
         else if (key_is(k, kn, "Group size")) r = parse_int(ps, &ev->ints[I_GSIZE], 0);
         else if (key_is(k, kn, "Seq")) r = parse_int(ps, &ev->ints[I_SEQ], 0);
         else if (key_is(k, kn, "bytes")) r = parse_int(ps, &ev->ints[I_BYTES], 1);
+        else if (key_is(k, kn, "Dst Rank")) r = parse_rank(ps, &ev->dst);
+        else if (key_is(k, kn, "Src Rank")) r = parse_rank(ps, &ev->src);
         else if (key_is(k, kn, "Collective name")) r = parse_str(ps, &ev->spans[S_COLL], 1);
         else if (key_is(k, kn, "dtype")) r = parse_str(ps, &ev->spans[S_DTYPE], 1);
         else if (key_is(k, kn, "Process Group Name")) r = parse_str(ps, &ev->spans[S_PGNAME], 1);
@@ -268,6 +297,7 @@ static int parse_event(Parser *ps, Ev *ev) {
             /* a repeated `args` replaces the earlier one, as in the reference decoder */
             memset(ev->ints, 0, sizeof(ev->ints));
             memset(ev->spans, 0, sizeof(ev->spans));
+            ev->dst.set = ev->src.set = 0;
             ev->grid_set = ev->block_set = 0;
             r = parse_args(ps, ev);
         } else r = skip_value(ps, 1);

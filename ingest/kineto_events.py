@@ -33,6 +33,9 @@ class _Args(msgspec.Struct, gc=False):
     pg_desc: str | None = msgspec.field(name="Process Group Description", default=None)
     pg_ranks: str | list[int] | None = msgspec.field(name="Process Group Ranks", default=None)
     seq: int | None = msgspec.field(name="Seq", default=None)
+    # p2p peer (global rank) of torch's record_param_comms: Dst for a send, Src for a recv
+    dst_rank: int | str | None = msgspec.field(name="Dst Rank", default=None)
+    src_rank: int | str | None = msgspec.field(name="Src Rank", default=None)
     nbytes: int | float | None = msgspec.field(name="bytes", default=None)
     grid: list[int] | None = None
     block: list[int] | None = None
@@ -100,6 +103,41 @@ def _checked_int64(path: str, name: str, values: list[Any]) -> pa.Array:
             f"`{name}` of an event is beyond int64 ({values[bad]})",
             "the trace holds an id ranklens cannot store; report it with the file",
         ) from None
+
+
+_RANK_MAX = 2**31 - 1
+
+
+def _rank(path: str, name: str, v: int | str) -> int:
+    """A global rank written as an int or a string of ASCII digits; anything else (negative,
+    not digits, beyond int32) is an error naming the file, never a silent NULL or wrap."""
+    if isinstance(v, int):
+        num = v
+        shown = str(v) if abs(v) < 10**36 else "a huge number"
+    else:
+        digits = v.lstrip("0") or "0"
+        num = int(digits) if v.isascii() and v.isdigit() and len(digits) <= 10 else -1
+        shown = repr(v) if len(v) <= 36 else repr(v[:36]) + "..."
+    if 0 <= num <= _RANK_MAX:
+        return num
+    raise _fail(
+        path,
+        f"`{name}` of an event is not a global rank in int32 range ({shown})",
+        "a p2p op's peer must be a rank number; report it with the file",
+    )
+
+
+def _peers(path: str, args: list[_Args]) -> pa.Array:
+    """Peer of p2p ops: `Dst Rank` where present (a send), else `Src Rank` (a recv). torch
+    writes exactly one of them; both are checked even then, as the C scanner does."""
+    out: list[int | None] = []
+    for a in args:
+        if a.dst_rank is None and a.src_rank is None:
+            out.append(None)
+            continue
+        src = None if a.src_rank is None else _rank(path, "Src Rank", a.src_rank)
+        out.append(src if a.dst_rank is None else _rank(path, "Dst Rank", a.dst_rank))
+    return pa.array(out, pa.int32())
 
 
 def columns(
@@ -192,7 +230,7 @@ def columns(
         ),
         "group_size": pa.array([a.group_size for a in args], pa.int32()),
         "seq": _checked_int64(path, "Seq", [a.seq for a in args]),
-        "peer": pa.nulls(n, pa.int32()),
+        "peer": _peers(path, args),
         "bytes": _checked_int64(
             path, "bytes", [None if a.nbytes is None else int(a.nbytes) for a in args]
         ),

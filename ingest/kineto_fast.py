@@ -108,7 +108,7 @@ def columns(
         "dtype": dtype,
         "group_size": group_size,
         "seq": _int_array(ints["seq"]),
-        "peer": pa.nulls(n, pa.int32()),
+        "peer": _int_array(ints["peer"], pa.int32()),  # the scanner checked 0..INT32_MAX
         "bytes": _int_array(ints["bytes"]),
         "launch": strs["launch"],
         "shapes": strs["shapes"],
@@ -123,7 +123,7 @@ def columns(
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 _INT_COLS = (
     "external_id", "correlation", "stream", "device", "in_nelems", "out_nelems", "group_size",
-    "seq", "bytes",
+    "seq", "bytes", "peer",
 )  # fmt: skip
 _STR_COLS = (
     "coll", "dtype", "pg_name", "pg_desc", "pg_ranks", "shapes", "itypes", "concrete", "launch",

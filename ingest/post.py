@@ -16,6 +16,7 @@ def finish_database(con: duckdb.DuckDBPyConnection, groups: list[dict[str, Any]]
     """Fill in what needs every rank: comm args from launching ops, process groups, views.
     (Steps are assigned per rank before its events are written: steps.py.)"""
     _fill_comm_args(con)
+    _fill_peers(con)
     _insert_groups(con, groups)
     con.execute(
         """UPDATE ranks SET pid = p.pid FROM (SELECT rank, mode(pid) AS pid FROM events
@@ -44,6 +45,21 @@ def _fill_comm_args(con: duckdb.DuckDBPyConnection) -> None:
                  FROM events WHERE device = -1 AND pg_name IS NOT NULL
                    AND external_id IS NOT NULL GROUP BY ALL) src
            WHERE events.kind = 'comm' AND events.device >= 0 AND events.pg_name IS NULL
+             AND events.rank = src.rank AND events.external_id = src.external_id"""
+    )
+
+
+def _fill_peers(con: duckdb.DuckDBPyConnection) -> None:
+    """Comm kernels take the p2p peer of their launching host op (record_param_comms' `Dst
+    Rank` / `Src Rank`; NCCL kernels never carry it). Apart from _fill_comm_args because newer
+    kernels have their own args but still no peer. An External id shared by ops with different
+    peers (batched isend/irecv in one kernel) gives none: the kernel's peer is not one rank."""
+    con.execute(
+        """UPDATE events SET peer = src.peer
+           FROM (SELECT rank, external_id, min(peer) AS peer
+                 FROM events WHERE device = -1 AND peer IS NOT NULL AND external_id IS NOT NULL
+                 GROUP BY rank, external_id HAVING min(peer) = max(peer)) src
+           WHERE events.kind = 'comm' AND events.device >= 0 AND events.peer IS NULL
              AND events.rank = src.rank AND events.external_id = src.external_id"""
     )
 

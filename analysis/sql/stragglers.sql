@@ -9,9 +9,15 @@ SELECT rank, coalesce(clock_offset_ns, 0) AS off, coalesce(host, 'rank:' || rank
        clock_method, align_residual_ns
 FROM ranks;
 
+-- ref = when the rank was last released (job clock): the end of its previous communication in
+-- the step (NULL for its first). A rank that arrives late only because it was released late
+-- (a pipeline recv that ended late) made no delay of its own and does not cause the others'
+-- wait. Step starts are no release point: ranks start steps at their own pace.
 CREATE OR REPLACE TEMP VIEW _stragglers_rows AS
 SELECT c.instance_id, c.rank, c.pg_name, c.op, c.seq, c.step, c.device, c.ts_ns, c.end_ns,
-       c.arrive_ns, c.arrive_ns + r.off AS arr, c.end_ns + r.off AS fin, r.dom, r.unc
+       c.arrive_ns, c.arrive_ns + r.off AS arr, c.end_ns + r.off AS fin, r.dom, r.unc,
+       r.off + max(c.end_ns) OVER (PARTITION BY c.rank, c.step ORDER BY c.arrive_ns, c.end_ns
+                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS ref
 FROM collectives c JOIN _stragglers_ranks r USING (rank)
 WHERE c.status = 'matched' AND c.instance_id IS NOT NULL;
 
@@ -20,7 +26,22 @@ WHERE c.status = 'matched' AND c.instance_id IS NOT NULL;
 -- Point-to-point instances name no late rank: a pipeline receiver waiting for its sender is
 -- the schedule's bubble (pipeline analysis), not a straggler.
 CREATE OR REPLACE TEMP VIEW stragglers_by_instance AS
-WITH i AS (
+WITH l AS (
+  SELECT instance_id, arg_max(rank, arr) AS last_rank, max(arr) AS last_arr,
+         arg_max(ref, arr) AS last_ref
+  FROM _stragglers_rows GROUP BY instance_id
+), oth AS (
+  -- the late rank's own delay: how late it arrived beyond how late it was released, both
+  -- against the other members' means (then it equals their mean wait)
+  -- (a release lateness inside the clock uncertainty, or 1 µs, counts as none)
+  SELECT r.instance_id,
+         -- (differences before the mean: epoch ns lose precision as DOUBLE)
+         greatest(avg(l.last_arr - r.arr)
+                  - CASE WHEN avg(l.last_ref - r.ref) > greatest(max(r.unc), 1000)
+                         THEN avg(l.last_ref - r.ref) ELSE 0 END, 0)::BIGINT AS own_delay_ns
+  FROM _stragglers_rows r JOIN l USING (instance_id) WHERE r.rank <> l.last_rank
+  GROUP BY r.instance_id
+), i AS (
   SELECT instance_id, any_value(pg_name) AS pg_name,
          CASE WHEN count(DISTINCT op) > 1 THEN 'p2p' ELSE any_value(op) END AS op,
          any_value(seq) AS seq, min(step) AS step, count(*) AS n_ranks,
@@ -35,8 +56,9 @@ SELECT i.instance_id, i.pg_name, coalesce(g.parallelism, 'UNKNOWN') AS paralleli
              AND i.skew_ns > CASE WHEN i.spans_hosts THEN i.unc_ns ELSE 0 END
             THEN i.last_rank END AS late_rank,
        i.min_dur_ns, i.max_dur_ns, i.spans_hosts,
-       CASE WHEN i.spans_hosts THEN i.unc_ns ELSE 0 END AS clock_uncertainty_ns, i.last_arr
-FROM i LEFT JOIN process_groups g USING (pg_name);
+       CASE WHEN i.spans_hosts THEN i.unc_ns ELSE 0 END AS clock_uncertainty_ns, i.last_arr,
+       coalesce(oth.own_delay_ns, 0) AS own_delay_ns
+FROM i LEFT JOIN process_groups g USING (pg_name) LEFT JOIN oth USING (instance_id);
 
 -- Per rank and instance: wait and transfer (ns), and the raw-clock wait interval.
 CREATE OR REPLACE TEMP VIEW stragglers_by_rank_instance AS
@@ -50,8 +72,11 @@ FROM _stragglers_rows r JOIN stragglers_by_instance i USING (instance_id);
 
 -- Held back: per late rank and instance, the mean wait of the other members.
 CREATE OR REPLACE TEMP VIEW _stragglers_held AS
+-- Only the delay the late rank made itself counts (own_delay_ns): lateness inherited from a
+-- late recv or collective before it belongs to whoever delayed that one.
 SELECT i.late_rank AS rank, i.instance_id,
-       sum(x.wait_ns) AS caused_wait_ns, sum(x.wait_ns) / (count(*) - 1) AS held_back_ns
+       sum(x.wait_ns) AS caused_wait_ns,
+       least(sum(x.wait_ns) / (count(*) - 1), any_value(i.own_delay_ns)) AS held_back_ns
 FROM stragglers_by_instance i JOIN stragglers_by_rank_instance x USING (instance_id)
 WHERE i.late_rank IS NOT NULL AND i.n_ranks > 1
 GROUP BY i.late_rank, i.instance_id;
@@ -111,7 +136,8 @@ FROM n LEFT JOIN c USING (rank) LEFT JOIN st USING (rank);
 
 CREATE OR REPLACE TEMP VIEW stragglers_by_rank AS
 WITH h AS (
-  SELECT rank, count(*) AS late_count, sum(held_back_ns) AS held_back_ns,
+  SELECT rank, count(*) FILTER (WHERE held_back_ns > 0) AS late_count,
+         sum(held_back_ns) AS held_back_ns,
          sum(caused_wait_ns) AS caused_wait_ns
   FROM _stragglers_held GROUP BY rank
 ), x AS (

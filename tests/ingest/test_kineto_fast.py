@@ -108,6 +108,8 @@ _num = (
     | st.none()
 )
 _id = st.integers(-(2**40), 2**40) | st.sampled_from(["Spans", "stream 7", "12", None])
+# p2p peers that are not plain ranks: the reference judges them all (the scanner refuses)
+_peer_odd = st.sampled_from([-1, 2**31, 2**40, "", "x", "1.0", "٣", "01234567890", " 1"]) | _num
 _args = st.fixed_dictionaries(
     {},
     optional={
@@ -123,6 +125,8 @@ _args = st.fixed_dictionaries(
         "Process Group Description": _text | st.none(),
         "Process Group Ranks": st.lists(st.integers(0, 8), max_size=4) | st.just("[0, 1]"),
         "bytes": _mostly(st.integers(0, 2**40) | st.floats(0, 1e12), _num),
+        "Dst Rank": _mostly(st.integers(0, 2**31 - 1) | st.none(), _peer_odd),
+        "Src Rank": _mostly(st.integers(0, 1023) | st.sampled_from(["7", "0012"]), _peer_odd),
         "grid": st.lists(st.integers(-5, 2**33), max_size=3) | st.none(),
         "block": st.lists(st.integers(0, 1024), max_size=3),
         "Input Dims": st.lists(st.lists(st.integers(0, 9), max_size=2), max_size=2),
@@ -176,6 +180,11 @@ def test_common_events_are_not_refused() -> None:
          "args": {"External id": 9, "correlation": 4, "stream": 7, "device": 0, "grid": [1, 2, 3],
                   "Collective name": "allreduce", "Process Group Name": "0", "dtype": "Float",
                   "Process Group Ranks": [0, 1], "In msg nelems": 8, "Group size": 2}},
+        {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 1,
+         "dur": 1, "args": {"External id": 9, "Rank": 0, "Dst Rank": 12,
+                            "Collective name": "send"}},
+        {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 3,
+         "dur": 1, "args": {"External id": 10, "Src Rank": "5", "Collective name": "recv"}},
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm \\u00e9", "pid": "Spans", "tid": 1,
          "ts": 0.001, "dur": 0, "args": {"Input Dims": [[2, 3]], "Input type": ["float"]}},
         {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "stream 7"}},
@@ -194,6 +203,8 @@ def test_common_events_are_not_refused() -> None:
         b'{"ph": "X", "name": "a", "ts": 1, "dur": 1',  # truncated
         b'{"p\\u0068": "X", "name": "a", "ts": 1, "dur": 1}',  # escaped key
         b'{"ph": "X", "name": "a", "ts": 1, "dur": 1, "args": {"stream": 1.5}}',  # float int
+        b'{"ph": "X", "name": "a", "ts": 1, "dur": 1, "args": {"Dst Rank": 2147483648}}',
+        b'{"ph": "X", "name": "a", "ts": 1, "dur": 1, "args": {"Src Rank": "\\u0031"}}',
     ],
 )
 def test_scanner_refuses_what_the_reference_must_judge(bad: bytes) -> None:
