@@ -1,11 +1,24 @@
 """Regression checks against a baseline run: what got slower, by more than the noise.
 
-A change counts as a regression only when it exceeds both the threshold and the run's own
-step-to-step noise: noise = 3·sqrt(sd_cur²/n_cur + sd_base²/n_base) over the per-step values of
-the metric on that rank. Three standard errors, not two: every (rank, metric, parallelism) pair
-is compared, and with dozens of pairs a ~95% band would flag some unchanged pair in most runs
-(seen on two captures of one CPU configuration). With one step per run the noise cannot be
-measured and is reported as such.
+A change counts as a regression only when it exceeds both the threshold and the runs' own
+step-to-step noise, judged robustly because one slow step (warm-up, a stolen CPU, a GC pause)
+is common in a baseline and must not excuse a real slowdown:
+
+- centre: the median of the metric's per-step values on that rank, in each run;
+- spread: sigma = b_n·1.4826·MAD per run (MAD: median absolute deviation from the median;
+  1.4826 makes it the standard deviation for normal steps, b_n removes its bias at small n),
+  but never below the run's typical sigma for that metric (the median over its ranks): a
+  rank's few steps can agree by chance, and the run's noise is shared by its ranks;
+- noise = k·sqrt(pi/2)·sqrt(sigma_cur²/n_cur + sigma_base²/n_base): sqrt(pi/2)·sigma/sqrt(n) is
+  the standard error of a median, and k = 3 + 3.3/min(n_cur, n_base) standard errors.
+
+Three, not two: every (rank, metric, parallelism) pair is compared, and with dozens of pairs a
+~95% band would flag some unchanged pair in most runs. The 3.3/n widening is what the
+robustness costs at few steps (a median of 3 steps and its MAD rest on two of them): simulated
+on normal steps, k alone keeps the false-alarm rate per pair at or below that of a mean ± sd
+rule, and the floor cuts it ~10x with 4 ranks at 3 steps; an outlier step moves neither the
+median nor the MAD much. With one step per run the noise cannot be measured and is reported as
+such.
 
 Metrics: step time (relative change), and as absolute change in share of the step: exposed
 communication and communication per parallelism.
@@ -14,6 +27,8 @@ communication and communication per parallelism.
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import duckdb
@@ -34,11 +49,16 @@ _PER_STEP: dict[str, str] = {
 }
 _RELATIVE = {"step_time"}
 NOISE_SIGMAS = 3.0
+SMALL_N_WIDENING = 3.3  # k = NOISE_SIGMAS + SMALL_N_WIDENING / n: see the module docstring
+MAD_TO_SD = 1.4826
+# b_n: E[b_n·1.4826·MAD] = sd for n normal values (a simulation of normal samples);
+# n / (n - 0.8) beyond, after Croux & Rousseeuw (1992).
+_MAD_BIAS = {2: 1.197, 3: 1.487, 4: 1.360, 5: 1.218, 6: 1.189, 7: 1.138, 8: 1.128, 9: 1.101}
 
 
 @dataclass(frozen=True)
 class Change:
-    """One metric on one rank (and parallelism), baseline vs current."""
+    """One metric on one rank (and parallelism): baseline vs current median per step."""
 
     metric: str
     key: str
@@ -46,15 +66,16 @@ class Change:
     base: float
     cur: float
     delta: float  # relative for step_time, absolute share points otherwise
-    noise: float | None
+    noise: float | None  # in the units of delta
     regression: bool
 
 
-def _stats(con: duckdb.DuckDBPyConnection, metric: str) -> pl.DataFrame:
-    df = query_pl(con, _PER_STEP[metric])
-    return df.group_by("rank", "key").agg(
-        pl.col("v").mean().alias("mean"), pl.col("v").std().alias("sd"), pl.len().alias("n")
-    )
+def _per_step(con: duckdb.DuckDBPyConnection, metric: str) -> dict[tuple[int, str], list[float]]:
+    """(rank, key) -> the metric's per-step values (steps with no value left out)."""
+    df = query_pl(con, _PER_STEP[metric]).with_columns(pl.col("v").cast(pl.Float64))
+    df = df.filter(pl.col("v").is_not_null() & pl.col("v").is_not_nan())
+    grouped = df.group_by("rank", "key").agg(pl.col("v"))
+    return {(int(r["rank"]), str(r["key"])): r["v"] for r in grouped.iter_rows(named=True)}
 
 
 def compare(
@@ -64,38 +85,72 @@ def compare(
     apply_all_views(cur)
     apply_all_views(base)
     with _activity.held(cur), _activity.held(base):  # every metric reads the activity views
-        stats = {m: (_stats(cur, m), _stats(base, m)) for m in _PER_STEP}
+        steps = {m: (_per_step(cur, m), _per_step(base, m)) for m in _PER_STEP}
     out: list[Change] = []
-    for metric, (s_cur, s_base) in stats.items():
-        joined = s_cur.join(s_base, on=["rank", "key"], suffix="_b", how="inner")
-        for r in joined.iter_rows(named=True):
-            noise = _noise(r["sd"], r["n"], r["sd_b"], r["n_b"])
-            raw = r["mean"] - r["mean_b"]
-            if metric in _RELATIVE:
-                delta = raw / r["mean_b"] if r["mean_b"] else 0.0
-                noise_rel = noise / r["mean_b"] if noise is not None and r["mean_b"] else None
-            else:
-                delta, noise_rel = raw, noise
-            reg = delta > max_regression and (noise_rel is None or delta > noise_rel)
+    for metric, (s_cur, s_base) in steps.items():
+        f_cur, f_base = spread_floors(s_cur), spread_floors(s_base)
+        for rank, key in sorted(s_cur.keys() & s_base.keys()):
+            floor = (f_cur.get(key, 0.0), f_base.get(key, 0.0))
             out.append(
-                Change(
-                    metric,
-                    str(r["key"]),
-                    int(r["rank"]),
-                    float(r["mean_b"]),
-                    float(r["mean"]),
-                    float(delta),
-                    noise_rel,
-                    reg,
-                )
+                judge(metric, key, rank, s_cur[rank, key], s_base[rank, key], max_regression, floor)
             )
     return out
 
 
-def _noise(sd: float | None, n: int, sd_b: float | None, n_b: int) -> float | None:
-    if n < 2 or n_b < 2 or sd is None or sd_b is None:
+def judge(
+    metric: str,
+    key: str,
+    rank: int,
+    cur: Sequence[float],
+    base: Sequence[float],
+    max_regression: float,
+    floor: tuple[float, float] = (0.0, 0.0),
+) -> Change:
+    """The verdict on one pair from its per-step values (the rule in the module docstring);
+    floor: the least spread of the current and the baseline run (spread_floors)."""
+    med, med_b = statistics.median(cur), statistics.median(base)
+    noise = robust_noise(cur, base, floor)
+    raw = med - med_b
+    if metric in _RELATIVE:
+        delta = raw / med_b if med_b else 0.0
+        noise_rel = noise / med_b if noise is not None and med_b else None
+    else:
+        delta, noise_rel = raw, noise
+    reg = delta > max_regression and (noise_rel is None or delta > noise_rel)
+    return Change(metric, key, rank, float(med_b), float(med), float(delta), noise_rel, reg)
+
+
+def robust_sd(values: Sequence[float]) -> float | None:
+    """b_n·1.4826·MAD: the standard deviation of normal steps, barely moved by a few outliers."""
+    n = len(values)
+    if n < 2:
         return None
-    return NOISE_SIGMAS * math.sqrt(sd * sd / n + sd_b * sd_b / n_b)
+    med = statistics.median(values)
+    mad = statistics.median(abs(v - med) for v in values)
+    return _MAD_BIAS.get(n, n / (n - 0.8)) * MAD_TO_SD * mad
+
+
+def spread_floors(per_step: Mapping[tuple[int, str], Sequence[float]]) -> dict[str, float]:
+    """key -> the median over ranks of robust_sd: the run's typical step-to-step noise."""
+    by_key: dict[str, list[float]] = {}
+    for (_, key), values in per_step.items():
+        sd = robust_sd(values)
+        if sd is not None:
+            by_key.setdefault(key, []).append(sd)
+    return {key: statistics.median(sds) for key, sds in by_key.items()}
+
+
+def robust_noise(
+    cur: Sequence[float], base: Sequence[float], floor: tuple[float, float] = (0.0, 0.0)
+) -> float | None:
+    """The band the difference of medians must exceed; None with fewer than 2 steps a run."""
+    sd, sd_b = robust_sd(cur), robust_sd(base)
+    if sd is None or sd_b is None:
+        return None
+    sd, sd_b = max(sd, floor[0]), max(sd_b, floor[1])
+    n, n_b = len(cur), len(base)
+    k = NOISE_SIGMAS + SMALL_N_WIDENING / min(n, n_b)
+    return k * math.sqrt(math.pi / 2) * math.sqrt(sd * sd / n + sd_b * sd_b / n_b)
 
 
 def summarize(changes: list[Change]) -> list[str]:

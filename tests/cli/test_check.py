@@ -155,6 +155,33 @@ def test_baseline_same_run_no_regression_slower_run_flagged(tmp_path: Path) -> N
     assert any(r.startswith("step time +30.0%") for r in doc["regressions"])
 
 
+def _stretch(db: Path, factor: float, where: str = "TRUE") -> None:
+    con = duckdb.connect(str(db))
+    con.execute(
+        f"UPDATE steps SET end_ns = start_ns + CAST((end_ns - start_ns) * {factor} AS BIGINT) "
+        f"WHERE {where}"
+    )
+    con.close()
+
+
+def test_baseline_warmup_step_does_not_hide_slowdown(tmp_path: Path) -> None:
+    """A baseline whose first step on every rank took 4x (warm-up), 3 steps as captured: a run
+    3x slower is still a step-time regression (the mean ± sd band called it noise)."""
+    clean = tmp_path / "clean.duckdb"
+    load_traces([SAMPLES / "straggler_rank3" / "raw"], clean)
+    base, slow = tmp_path / "base.duckdb", tmp_path / "slow.duckdb"
+    shutil.copy(clean, base)
+    shutil.copy(clean, slow)
+    _stretch(base, 4.0, "step = (SELECT min(step) FROM steps)")
+    _stretch(slow, 3.0)
+    args = ["--baseline", str(base), "--max-regression", "25%", "-f", "json"]
+    res = runner.invoke(app, ["check", str(slow), *args])
+    assert res.exit_code == 3, res.output
+    assert any(r.startswith("step time +") for r in json.loads(res.output)["regressions"])
+    # The warm-up baseline against the clean run: faster, never a regression.
+    assert runner.invoke(app, ["check", str(clean), *args]).exit_code == 0
+
+
 def test_noise_blocks_small_changes() -> None:
     c = baseline.Change("step_time", "all", 0, 100.0, 104.0, 0.04, 0.10, False)
     assert baseline.summarize([c]) == []
