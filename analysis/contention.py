@@ -3,10 +3,12 @@
 1. Compute: each compute event (GPU kernel; host op on a CPU-only rank) is `alone` when no
    communication ran on its device during it, `overlapped` when communication covered at least
    Params.min_overlap of it, else `partial` (left out). Per kernel class (name + launch
-   configuration, or + input shapes for host ops): T_alone = median duration alone on the same
-   rank, T_overlapped = mean duration overlapped, slowdown = T_overlapped / T_alone - 1 and
-   time lost = sum over overlapped runs of (duration - T_alone). Overlap with other compute
-   streams is not controlled for.
+   configuration + the input shapes of the host op that launched it, linked by External id;
+   for host ops name + input shapes): T_alone = median duration alone on the same rank,
+   T_overlapped = mean duration overlapped, slowdown = T_overlapped / T_alone - 1 and time lost
+   = sum over overlapped runs of (duration - T_alone). The input shapes matter because a
+   persistent kernel launches the same grid (the SM count) for every problem size. Overlap
+   with other compute streams is not controlled for.
 2. Communication beside communication (e.g. DP all-reduce beside PP send/recv): each comm
    event against the comm on the device's other streams/threads, per (name, op, parallelism,
    size, dtype). Durations include waiting for peers: a slowdown here can also be a late peer.
@@ -29,7 +31,8 @@ NAME = "contention"
 
 COLUMNS: dict[str, str] = {
     "name": "Compute kernel (or host op) name.",
-    "shape": "Launch configuration (grid/block) or input shapes; '' when unknown.",
+    "shape": "Launch configuration (grid/block), + ' inputs=' the launching host op's input "
+    "shapes when linked; a host op's input shapes; '' when unknown.",
     "ranks": "Ranks that ran this class.",
     "n_alone": "Runs with no communication beside them.",
     "n_overlapped": "Runs with communication beside them for >= min_overlap of their time.",

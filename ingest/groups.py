@@ -13,32 +13,87 @@ import re
 
 from ranklens.ingest.config import DIM_LABEL, Layout
 
-# (pattern on the description, label) — Megatron-LM, torchtitan/DeviceMesh, DeepSpeed, FSDP.
-_DESC_RULES: tuple[tuple[str, str], ...] = (
-    (r"^default_pg$", "WORLD"),
-    (r"EXPERT_DATA_PARALLEL|EXPERT_DP|mesh_edp", "DP"),
-    (r"EXPERT_MODEL_PARALLEL|EXPERT_PARALLEL|mesh_ep$|^ep_|expert_parallel", "EP"),
-    (r"CONTEXT_PARALLEL|mesh_cp$|^cp_|context_parallel|sequence_parallel", "CP"),
-    (r"TENSOR_MODEL_PARALLEL|TENSOR_PARALLEL|mesh_tp$|^tp_|tensor_parallel", "TP"),
-    (r"PIPELINE_MODEL_PARALLEL|PIPELINE_PARALLEL|mesh_pp$|^pp_|pipe_parallel|pipeline", "PP"),
-    (r"mesh_dp_shard|DATA_PARALLEL_SHARD|fsdp|zero_shard", "DP_SHARD"),
-    (r"DATA_PARALLEL|mesh_dp|mesh_dp_replicate|^dp_|data_parallel|ddp", "DP"),
-    (r"MODEL_PARALLEL_GROUP|EMBEDDING_GROUP|POSITION_EMBEDDING", "OTHER"),
-)
-_COMPILED = tuple((re.compile(p, re.IGNORECASE), label) for p, label in _DESC_RULES)
+# A description is read as words (`TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP`, `mesh_dp_shard`,
+# `dp`): a substring would find DP in `TENSOR_AND_DATA_...` and miss the short DeviceMesh names.
+# Word -> the parallel dimension it names (Megatron-LM, torchtitan/DeviceMesh, DeepSpeed, FSDP).
+_DIM_WORDS: dict[str, str] = {
+    "tp": "tp", "tensor": "tp", "etp": "tp",
+    "pp": "pp", "pipeline": "pp", "pipe": "pp",
+    "cp": "cp", "context": "cp", "sequence": "cp", "sp": "cp",  # Ulysses sequence parallel
+    "ep": "ep", "expert": "ep", "moe": "ep",
+    "dp": "dp", "data": "dp", "ddp": "dp", "replicate": "dp", "edp": "dp",
+    "shard": "dp_shard", "fsdp": "dp_shard", "zero": "dp_shard",
+}  # fmt: skip
+# Groups named for their purpose, not a dimension: the tied embedding's first/last pipeline
+# stages, FP8 amax reduction over tp x dp (x cp).
+_OTHER_WORDS = frozenset({"embedding", "amax"})
+# `EXPERT_DATA_...`/`EXPERT_TENSOR_...`: the expert layers' own DP/TP group, not EP.
+_QUALIFIED_BY_EXPERT = frozenset({"dp", "tp", "dp_shard"})
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+_WORLD_NAMES = frozenset({"default_pg", "world"})
+
+
+def _named_dims(words: list[str]) -> set[str]:
+    """The parallel dimensions a description's words name, read as Megatron composes them:
+    `X_MODEL` is X (`TENSOR_MODEL_PARALLEL`), a bare `MODEL` is tp x pp, but in an expert group
+    `MODEL` is ep (`EXPERT_TENSOR_AND_MODEL_PARALLEL`: etp x ep); `EXPERT_DATA`/`EXPERT_TENSOR`
+    are the expert layers' own DP/TP; `A_MODULO_B`/`a_mod_b` leaves B out
+    (`DATA_MODULO_EXPERT_PARALLEL`: DP of the expert parameters); `dp_shard` is one dimension."""
+    dims: set[str] = set()
+    expert = any(_DIM_WORDS.get(w) == "ep" for w in words)
+    for i, w in enumerate(words):
+        prev = words[i - 1] if i else ""
+        nxt = _DIM_WORDS.get(words[i + 1], "") if i + 1 < len(words) else ""
+        if prev in ("modulo", "mod"):
+            continue
+        if w == "model":
+            if expert:
+                dims.add("ep")
+            elif prev not in _DIM_WORDS:
+                dims |= {"tp", "pp"}
+        elif _DIM_WORDS.get(w) == "ep" and nxt in _QUALIFIED_BY_EXPERT:
+            continue
+        elif w in _DIM_WORDS:
+            dims.add(_DIM_WORDS[w])
+    if "dp_shard" in dims:
+        dims.discard("dp")  # `mesh_dp_shard`, `DATA_PARALLEL_SHARD`: the shard part of dp
+    return dims
 
 
 def label_from_description(
     desc: str | None, size: int | None, world_size: int | None
 ) -> tuple[str | None, str]:
-    """(label, evidence) from a group's description; label None when the name says nothing."""
+    """(label, evidence) from a group's description; label None when the name says nothing.
+
+    The name wins over spanning the world: a DeviceMesh `dp` group of every rank is still DP."""
     if desc:
-        for rx, label in _COMPILED:
-            if rx.search(desc):
-                return label, f"description {desc!r} matches {rx.pattern!r}"
+        label, why = _label_from_words(desc)
+        if label is not None:
+            return label, f"description {desc!r} {why}"
     if size is not None and world_size is not None and size == world_size and size > 1:
         return "WORLD", f"spans all {world_size} ranks"
     return None, "no naming evidence"
+
+
+def _label_from_words(desc: str) -> tuple[str | None, str]:
+    """(label, why) from the words of a description; (None, '') when it names no dimension."""
+    if desc.strip().lower() in _WORLD_NAMES:
+        return "WORLD", "names the default (world) group"
+    words = [w.lower() for w in _WORD.findall(desc)]
+    purpose = _OTHER_WORDS.intersection(words)
+    if purpose:
+        return "OTHER", f"names the {'/'.join(sorted(purpose))} group (not one parallel dimension)"
+    dims = _named_dims(words)
+    if not dims:
+        return None, ""
+    shown = " x ".join(sorted(dims, key=list(DIM_LABEL).index))
+    if len(dims) == 1:
+        return DIM_LABEL[next(iter(dims))], f"names {shown}"
+    if dims <= {"dp", "cp", "dp_shard"}:
+        # Replicas of the same parameters: gradients are reduced (or shards gathered) over all.
+        label = "DP_SHARD" if "dp_shard" in dims else "DP"
+        return label, f"names {shown}: data parallel incl. context/shard replicas"
+    return "OTHER", f"names {shown}: a composite of several parallel dimensions"
 
 
 def _layout_label(ranks: list[int], layout: Layout) -> tuple[str, str] | None:

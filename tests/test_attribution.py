@@ -9,7 +9,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from kineto_builder import PgConfig
+from kineto_builder import PgConfig, cpu_trace
 from multirank import gpu_job
 from ranklens.ingest.config import ConfigError, Layout, parse_layout, resolve_options
 from ranklens.ingest.groups import attribute
@@ -70,6 +70,66 @@ def test_pyproject_layout_and_flag_precedence(tmp_path: Path) -> None:
 )
 def test_labels_from_names(desc: str | None, label: str) -> None:
     assert attribute(desc, [0, 1], 2, 8, {}, None)[0] == label
+
+
+@pytest.mark.parametrize(
+    ("desc", "label"),
+    [
+        # Megatron-LM composites: several model dimensions are OTHER, not their first word
+        ("TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP", "OTHER"),
+        ("TENSOR_AND_DATA_PARALLEL_GROUP", "OTHER"),
+        ("TENSOR_AND_CONTEXT_PARALLEL_GROUP", "OTHER"),
+        ("TENSOR_AND_EXPERT_PARALLEL_GROUP", "OTHER"),
+        ("EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", "OTHER"),
+        ("EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP", "OTHER"),
+        ("MODEL_PARALLEL_GROUP", "OTHER"),
+        ("AMAX_REDUCTION_GROUP", "OTHER"),
+        ("EMBEDDING_GROUP", "OTHER"),
+        ("POSITION_EMBEDDING_GROUP", "OTHER"),
+        # data parallel over dp x cp replicas (gradient reduction) is DP
+        ("DATA_PARALLEL_GROUP_WITH_CP", "DP"),
+        ("DATA_PARALLEL_GROUP_WITH_CP_GLOO", "DP"),
+        ("INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP", "DP"),
+        ("DATA_MODULO_EXPERT_PARALLEL_GROUP", "DP"),
+        ("EXPERT_DATA_PARALLEL_GROUP", "DP"),
+        ("EXPERT_TENSOR_PARALLEL_GROUP", "TP"),
+        ("CONTEXT_PARALLEL_GROUP", "CP"),
+        ("HIERARCHICAL_CONTEXT_PARALLEL_GROUPS", "CP"),
+        ("mesh_dp_cp", "DP"),
+        ("mesh_dp_shard_cp", "DP_SHARD"),
+        # DeviceMesh-like short names, either case
+        ("dp", "DP"),
+        ("TP", "TP"),
+        ("pp", "PP"),
+        ("Cp", "CP"),
+        ("ep", "EP"),
+        # words, not substrings: no dimension hides inside another word
+        ("dpo_eval", "OTHER"),
+    ],
+)
+def test_labels_from_composite_and_short_names(desc: str, label: str) -> None:
+    assert attribute(desc, [0, 1], 2, 8, {}, None)[0] == label
+
+
+@pytest.mark.parametrize("desc", ["dp", "DP", "tp", "pp", "cp", "ep"])
+def test_short_name_wins_over_spanning_the_world(desc: str) -> None:
+    label, why = attribute(desc, list(range(8)), 8, 8, {}, None)
+    assert label == desc.upper() and "spans" not in why
+
+
+def test_gloo_dp_group_of_every_rank_is_dp(ingest: Ingest) -> None:
+    """A gloo group named `dp` that holds the whole world is labelled by its name, not WORLD."""
+    groups = [
+        PgConfig("0", [0, 1], "default_pg", "cpu:gloo"),
+        PgConfig("1", [0, 1], "dp", "cpu:gloo"),
+    ]
+    traces = []
+    for rank in (0, 1):
+        t = cpu_trace(rank, pg_config=groups)
+        t.step(1, 0, 1000)
+        t.host("aten::mm", 0, 50, args={"Input Dims": [[16, 16], [16, 16]]})
+        traces.append(t)
+    assert _labels(ingest(traces)) == {"0": "WORLD", "1": "DP"}
 
 
 def test_labels_from_ops_and_layout_override() -> None:

@@ -7,10 +7,21 @@ SELECT e.rank, e.step, e.device, e.stream, e.kind, e.name,
        coalesce(e.launch, e.shapes, '') AS shape,
        hash(e.name, coalesce(e.launch, e.shapes, '')) AS cls, e.ts_ns AS s, e.ts_ns + e.dur_ns AS e,
        e.dur_ns AS dur, e.coll_op, e.pg_name, greatest(e.in_nelems, e.out_nelems) AS nelems,
-       e.dtype, e.bytes, e.rank::BIGINT * 4096 + e.device + 1 AS dk
+       e.dtype, e.bytes, e.rank::BIGINT * 4096 + e.device + 1 AS dk,
+       CASE WHEN e.device >= 0 THEN e.external_id END AS gpu_ext
 FROM events e JOIN ranks r USING (rank)
 WHERE e.step IS NOT NULL AND e.kind IN ('compute', 'comm', 'memcpy', 'memset')
   AND ((r.has_gpu AND e.device >= 0) OR (NOT r.has_gpu AND e.device = -1));
+
+-- op = hash of the input shapes of the host op that launched a GPU event (same rank and
+-- External id), 0 when none. Why: a persistent GEMM launches one grid (= the SM count) for
+-- every problem size, so name + launch lumps sizes whose durations differ many-fold. An
+-- External id whose host ops disagree on their shapes links none.
+CREATE OR REPLACE TEMP VIEW _contention_op_shapes AS
+SELECT rank, external_id, min(hash(shapes)) AS op
+FROM events
+WHERE device = -1 AND kind = 'cpu_op' AND external_id IS NOT NULL AND shapes IS NOT NULL
+GROUP BY rank, external_id HAVING min(hash(shapes)) = max(hash(shapes));
 
 -- Communication that competes with compute for the device: all of it on a GPU; on a CPU-only
 -- rank only the spans on threads that run no compute (gloo worker threads): the gloo p2p
@@ -30,8 +41,10 @@ WITH iv AS (SELECT dk AS k, s, e FROM _contention_comm)
 SELECT k, s, e FROM interval_union_sorted('iv');
 
 -- One row per compute event: ov_ns = time communication ran beside it on the same device;
--- state alone (none), overlapped (ov >= min_overlap * dur) or partial. cls = hash of the
--- class (name, shape): a small payload; contention_class_names maps it back.
+-- state alone (none), overlapped (ov >= min_overlap * dur) or partial. The class is (cls, op):
+-- cls = hash(name, shape), op = hash of the launching host op's input shapes (0: none), a
+-- small payload; contention_class_names and contention_classes map them back. The host op is
+-- joined once, to the result (the overlap does not need it).
 -- Algorithm: an event of at most 1 ms that starts in 1 ms bucket b lies in [b, b + 2) ms, so
 -- each device's islands are listed under every bucket b whose [b, b + 2) they touch, and one
 -- equi-join on (device, bucket) hands each event the few islands it can overlap (islands are
@@ -44,7 +57,7 @@ WITH ib AS MATERIALIZED (
     FROM _contention_comm_islands WHERE e > s
   ) GROUP BY k, bk
 ), short AS (
-  SELECT x.rank, x.step, x.cls, x.dur,
+  SELECT x.rank, x.step, x.cls, x.gpu_ext, x.dur,
          coalesce(list_sum(list_transform(b.ivs,
            lambda v: greatest(least(x.e, v.e) - greatest(x.s, v.s), 0))), 0) AS ov_ns
   FROM _contention_ev x LEFT JOIN ib b ON b.k = x.dk AND b.bk = x.s // 1000000
@@ -54,42 +67,42 @@ WITH ib AS MATERIALIZED (
 ), ci AS MATERIALIZED (
   SELECT * FROM interval_prefix('isl')
 ), lx AS (
-  SELECT rank, step, cls, dur, dk AS k, stream, s, e FROM _contention_ev
+  SELECT rank, step, cls, gpu_ext, dur, dk AS k, stream, s, e FROM _contention_ev
   WHERE kind = 'compute' AND dur > 1000000
 ), long AS (
-  SELECT rank, step, cls, dur, coalesce(sum(inside), 0) AS ov_ns
+  SELECT rank, step, cls, gpu_ext, dur, coalesce(sum(inside), 0) AS ov_ns
   FROM interval_inside('lx', 'ci')
-  GROUP BY rank, step, cls, dur, k, stream, s
+  GROUP BY rank, step, cls, gpu_ext, dur, k, stream, s
 ), o AS (
   SELECT * FROM short UNION ALL SELECT * FROM long
 )
-SELECT rank, step, cls, dur, ov_ns,
-       CASE WHEN ov_ns = 0 THEN 'alone' WHEN ov_ns >= min_overlap * dur THEN 'overlapped'
+SELECT o.rank, o.step, o.cls, coalesce(p.op, 0)::UBIGINT AS op, o.dur, o.ov_ns,
+       CASE WHEN o.ov_ns = 0 THEN 'alone' WHEN o.ov_ns >= min_overlap * o.dur THEN 'overlapped'
             ELSE 'partial' END AS state
-FROM o;
+FROM o LEFT JOIN _contention_op_shapes p ON p.rank = o.rank AND p.external_id = o.gpu_ext;
 
 CREATE OR REPLACE TEMP VIEW contention_class_names AS
 SELECT cls, any_value(name) AS name, any_value(shape) AS shape
 FROM _contention_ev WHERE kind = 'compute' GROUP BY cls;
 
--- Per kernel class (name + launch shape, or + input shapes for host ops) over a table t shaped
--- like contention_kernels. The baseline is the median duration of the class running alone on
--- the same rank (at least min_alone runs); T_overlapped the mean of its overlapped runs on ranks
--- with a baseline; slowdown = T_overlapped / T_alone - 1; time_lost = sum over those overlapped
--- runs of (dur - T_alone).
+-- Per kernel class (name + launch shape + the launching op's input shapes; host ops: name +
+-- input shapes) over a table t shaped like contention_kernels. The baseline is the median
+-- duration of the class running alone on the same rank (at least min_alone runs);
+-- T_overlapped the mean of its overlapped runs on ranks with a baseline; slowdown =
+-- T_overlapped / T_alone - 1; time_lost = sum over those overlapped runs of (dur - T_alone).
 CREATE OR REPLACE TEMP MACRO contention_classes(t, min_alone) AS TABLE
 WITH pr AS (
-  SELECT rank, cls,
+  SELECT rank, cls, op,
          count(*) FILTER (WHERE state = 'alone') AS n_alone,
          median(dur) FILTER (WHERE state = 'alone') AS t_alone,
          count(*) FILTER (WHERE state = 'overlapped') AS n_ov,
          sum(dur) FILTER (WHERE state = 'overlapped') AS ov_sum,
          count(*) FILTER (WHERE state = 'partial') AS n_partial
-  FROM query_table(t) GROUP BY rank, cls
+  FROM query_table(t) GROUP BY rank, cls, op
 ), m AS (
   SELECT *, n_alone >= min_alone AND n_ov > 0 AS matched FROM pr
 ), c AS (
-SELECT cls, count(*)::INTEGER AS ranks, sum(n_alone)::BIGINT AS n_alone,
+SELECT cls, op, count(*)::INTEGER AS ranks, sum(n_alone)::BIGINT AS n_alone,
        sum(n_ov)::BIGINT AS n_overlapped, sum(n_partial)::BIGINT AS n_partial,
        sum(n_ov) FILTER (WHERE matched)::BIGINT AS n_matched,
        coalesce(sum(n_ov * t_alone) FILTER (WHERE matched)
@@ -101,15 +114,22 @@ SELECT cls, count(*)::INTEGER AS ranks, sum(n_alone)::BIGINT AS n_alone,
          / nullif(sum(n_ov * t_alone) FILTER (WHERE matched), 0) - 1 AS slowdown,
        (sum(ov_sum) FILTER (WHERE matched) - sum(n_ov * t_alone) FILTER (WHERE matched))::BIGINT
          AS time_lost_ns
-FROM m GROUP BY cls
+FROM m GROUP BY cls, op
+), ops AS (
+  SELECT hash(shapes) AS op, any_value(shapes) AS op_shapes FROM events
+  WHERE device = -1 AND kind = 'cpu_op' AND shapes IS NOT NULL
+    AND hash(shapes) IN (SELECT op FROM c WHERE op <> 0)
+  GROUP BY 1
 )
-SELECT n.name, n.shape, c.* EXCLUDE (cls) FROM c JOIN contention_class_names n USING (cls);
+SELECT n.name, n.shape || coalesce(' inputs=' || ops.op_shapes, '') AS shape,
+       c.* EXCLUDE (cls, op)
+FROM c JOIN contention_class_names n USING (cls) LEFT JOIN ops USING (op);
 
 -- Per rank and step over a table t shaped like contention_kernels: compute time (a sum over
 -- events, host ops nest), how much of it ran beside communication, and the time lost to it.
 CREATE OR REPLACE TEMP MACRO contention_steps(t, min_alone) AS TABLE
 WITH base AS (
-  SELECT rank, cls, median(dur) AS t_alone FROM query_table(t)
+  SELECT rank, cls, op, median(dur) AS t_alone FROM query_table(t)
   WHERE state = 'alone' GROUP BY ALL HAVING count(*) >= min_alone
 )
 SELECT k.rank, k.step, count(*)::BIGINT AS kernels, sum(k.dur)::BIGINT AS compute_sum_ns,
@@ -117,7 +137,7 @@ SELECT k.rank, k.step, count(*)::BIGINT AS kernels, sum(k.dur)::BIGINT AS comput
        coalesce(sum(k.dur) FILTER (WHERE k.state = 'overlapped'), 0)::BIGINT AS overlapped_ns,
        coalesce(sum(k.dur - b.t_alone) FILTER (WHERE k.state = 'overlapped'), 0)::BIGINT
          AS time_lost_ns
-FROM query_table(t) k LEFT JOIN base b USING (rank, cls)
+FROM query_table(t) k LEFT JOIN base b USING (rank, cls, op)
 GROUP BY k.rank, k.step;
 
 CREATE OR REPLACE TEMP VIEW contention_by_kernel AS

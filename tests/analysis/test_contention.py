@@ -137,3 +137,62 @@ def test_empty_database_has_the_documented_columns() -> None:
     res = contention.run(con)
     assert list(res.table.columns) == list(contention.COLUMNS)
     assert not res.findings
+
+
+# Persistent GEMM: one launch (grid = the 132 SMs) for every problem size. Per size: the host
+# op's Input Dims, duration alone (µs), runs alone, runs beside an AllReduce (25% slower).
+PERSISTENT = {"grid": [132, 1, 1], "block": [384, 1, 1]}
+SIZES = (
+    ([[1024, 1024], [1024, 1024]], 100, 3, 8),
+    ([[2048, 2048], [2048, 1024]], 400, 3, 2),
+    ([[4096, 4096], [4096, 1024]], 1600, 5, 1),
+)
+
+
+def _persistent_gemm_trace() -> tuple[KinetoTrace, float]:
+    """One rank: the runs of SIZES back to back on stream 7, each overlapped run exactly under
+    an NCCL AllReduce on stream 9; returns the trace and the injected time lost (µs)."""
+    t = KinetoTrace(rank=0, world_size=2, pg_config=[PgConfig("1", [0, 1])])
+    runs = [(dims, d, False) for dims, d, n, _ in SIZES for _ in range(n)]
+    runs += [(dims, d, True) for dims, d, _, n in SIZES for _ in range(n)]
+    cursor, ext = 0.0, 1
+    for dims, alone, beside in runs:
+        dur = alone * 1.25 if beside else alone
+        t.host("aten::mm", cursor - 3, 2.5, args={"External id": ext, "Input Dims": dims})
+        t.kernel("sm90_gemm_persistent", cursor, dur, args={**PERSISTENT, "External id": ext})
+        if beside:
+            t.nccl("AllReduce", cursor, dur, stream=9, coll="allreduce", pg_name="1", group_size=2)
+        cursor, ext = cursor + dur + 10, ext + 1
+    t.step(1, -10, cursor)
+    return t, sum(0.25 * d * n for _, d, _, n in SIZES)
+
+
+def test_persistent_gemm_classed_by_input_shapes(ingest: Ingest) -> None:
+    """Three problem sizes share one kernel name and launch: classed by name + launch only,
+    mostly-small overlapped runs against a mostly-large alone median read as a speed-up."""
+    trace, lost_us = _persistent_gemm_trace()
+    alone = sorted(d for _, d, n, _ in SIZES for _ in range(n))
+    beside = [d * 1.25 for _, d, _, n in SIZES for _ in range(n)]
+    pooled = sum(beside) / len(beside) / alone[len(alone) // 2] - 1
+    assert pooled < 0  # what name + launch alone would report: about -9%
+    res = contention.run(ingest(trace))
+    (f,) = [f for f in res.findings if f.code == "CONTENTION_COMPUTE_SLOWDOWN"]
+    assert f.value == pytest.approx(0.25, abs=0.03)
+    assert f.time_at_stake_ns == pytest.approx(lost_us * US, rel=0.10)
+    assert res.table.height == 3  # one class per size
+    for row in res.table.iter_rows(named=True):
+        assert "inputs=[[" in row["shape"] and row["slowdown"] == pytest.approx(0.25)
+    assert int(res.table["time_lost_ns"].sum()) == pytest.approx(lost_us * US, rel=0.10)
+    step = one(res.tables["by_step"], rank=0, step=1)
+    assert step["time_lost_ns"] == pytest.approx(lost_us * US, rel=0.10)
+
+
+def test_kernel_without_a_host_op_keeps_its_launch_class(ingest: Ingest) -> None:
+    """A kernel whose External id names no host op is classed by name + launch, as before."""
+    t = KinetoTrace(rank=0, world_size=2, pg_config=[PgConfig("1", [0, 1])])
+    t.step(1, -10, 1000)
+    for s in (0, 100, 200):
+        t.kernel("gemm", s, 50, stream=7, args={**BIG, "External id": 99})
+    t.host("aten::mm", 400, 10, args={"External id": 77, "Input Dims": [[8, 8], [8, 8]]})
+    res = contention.run(ingest(t))
+    assert list(res.table["shape"]) == ["grid=[128, 1, 1] block=[256, 1, 1]"]
