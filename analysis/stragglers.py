@@ -9,7 +9,9 @@ instances only (`collectives.status = 'matched'`):
   (what remains once everybody is there); the shortest duration across ranks is the skew-free
   cross-check of the transfer time (collectives analysis);
 - per rank: held back = for the instances where it was late, the mean wait of the other members
-  (summed), caused wait = the others' summed wait; its own waits; net held back per step =
+  up to the delay it made itself (its lateness minus how late its previous communication
+  released it: a rank late only because a recv before it ended late is not the cause), summed;
+  caused wait = the others' summed wait; its own waits; net held back per step =
   (held back - own waits) / steps, which noise alone drives towards zero; late_z = how many
   standard deviations its late count is above chance (1/n per instance). STRAGGLER_RANK needs
   both: a net share of the step above `held_back_share` and late_z >= `min_late_z`;
@@ -39,9 +41,10 @@ COLUMNS: dict[str, str] = {
     "rank": "Global rank.",
     "steps": "Steps of the rank in the trace.",
     "instances": "Matched collective instances the rank took part in.",
-    "late_count": "Instances where it arrived last (beyond the clock uncertainty).",
+    "late_count": "Instances where it arrived last (beyond the clock uncertainty) by a delay "
+    "of its own (not one inherited from a late recv or collective before it).",
     "late_z": "(late_count - chance, 1/n per instance) / its standard deviation.",
-    "held_back_ns": "Sum over those instances of the other members' mean wait.",
+    "held_back_ns": "Sum over those instances of the others' mean wait, up to its own delay.",
     "waited_ns": "Its own waits for later ranks at collectives (last - own arrival), summed.",
     "net_held_back_per_step_ns": "(held_back - waited) per step: how much it holds the job back.",
     "net_held_back_share": "(held_back - waited) / the rank's summed step windows.",

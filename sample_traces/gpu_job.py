@@ -27,7 +27,6 @@ import msgspec
 from ranklens.sample_traces import gpu_trace
 from ranklens.sample_traces.gpu_sim import (
     P2P,
-    AsyncColl,
     Coll,
     Compute,
     Item,
@@ -37,6 +36,7 @@ from ranklens.sample_traces.gpu_sim import (
     simulate,
     stage_order,
 )
+from ranklens.sample_traces.gpu_truth import truth_of
 
 BASE_NS = 1_700_000_000_000_000_000
 
@@ -115,8 +115,6 @@ def run_job(job: GpuJob) -> JobRun:
             timed[r].extend(lst)
         windows.append((step, t0, end))
         t0 = end
-    from ranklens.sample_traces.gpu_truth import truth_of
-
     return JobRun(job, timed, windows, truth_of(job, timed, windows))
 
 
@@ -161,7 +159,7 @@ def _items(job: GpuJob, rank: int, step: int) -> list[Item]:
         if ops:
             items.append(P2P(_parity(ops, rank, neighbour(s + 1), s)))
         if i == last_b and job.dp > 1 and job.dp_overlap:
-            items.append(AsyncColl(dp_key, job.dp, job.dp_us, {"op": "reduce_scatter"}))
+            items.append(Coll(dp_key, job.dp, job.dp_us, {"op": "reduce_scatter"}, True))
         items.extend(_block(job, rank, step, ph, c, mb, factor))
         prev = (ph, c, mb)
     last = send_of(*prev) if prev else None

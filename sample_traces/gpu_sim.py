@@ -8,8 +8,8 @@ them. The result is exact truth: every kernel's true start and end.
 
 Items: `Compute` (kernels back to back), `P2P` (a group of isend/irecv posted together, waited
 together; each op runs on the stream of its peer pair, ops on one stream serialize), `Coll`
-(a blocking collective: ends at the last arrival + transfer), `AsyncColl` (an overlapped
-collective on its own stream: the rank goes on), `WaitAsync` (the rank waits for one).
+(a blocking collective: ends at the last arrival + transfer; `overlapped`: on its own stream,
+the rank goes on), `WaitAsync` (the rank waits for an overlapped one).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class Compute:
     dur_us: float
     weights: list[float]
     meta: dict[str, Any]
-    slow_beside_async: float = 1.0  # kernels starting while an AsyncColl of this rank runs
+    slow_beside_async: float = 1.0  # kernels starting while an overlapped Coll of this rank runs
 
 
 @dataclass
@@ -49,14 +49,7 @@ class Coll:
     members: int
     transfer_us: float
     meta: dict[str, Any]
-
-
-@dataclass
-class AsyncColl:
-    key: tuple[Any, ...]
-    members: int
-    transfer_us: float
-    meta: dict[str, Any]
+    overlapped: bool = False  # on its own stream: the rank goes on (WaitAsync waits for it)
 
 
 @dataclass
@@ -64,7 +57,7 @@ class WaitAsync:
     key: tuple[Any, ...]
 
 
-Item = Compute | P2P | Coll | AsyncColl | WaitAsync
+Item = Compute | P2P | Coll | WaitAsync
 
 
 @dataclass
@@ -102,7 +95,7 @@ def simulate(
     world = _World()
     for lst in items.values():
         for it in lst:
-            if isinstance(it, AsyncColl):
+            if isinstance(it, Coll) and it.overlapped:
                 world.info[it.key] = (it.members, it.transfer_us)
     while True:
         progress = False
@@ -153,7 +146,7 @@ def _advance(r: int, st: _Rank, world: _World, gap: float) -> bool:
     elif isinstance(item, P2P):
         if not _p2p(r, st, item, world.posts, gap):
             return False
-    elif isinstance(item, Coll):
+    elif isinstance(item, Coll) and not item.overlapped:
         arr = arrivals.setdefault(item.key, {})
         if r not in arr:
             arr[r] = st.cur + gap
@@ -162,7 +155,7 @@ def _advance(r: int, st: _Rank, world: _World, gap: float) -> bool:
         end = done_coll.setdefault(item.key, max(arr.values()) + item.transfer_us)
         st.out.append(Timed("coll", arr[r], end, "coll", dict(item.meta)))
         st.cur = end
-    elif isinstance(item, AsyncColl):
+    elif isinstance(item, Coll):
         arr = arrivals.setdefault(item.key, {})
         t = st.cur + gap
         arr[r] = t

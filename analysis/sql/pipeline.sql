@@ -113,14 +113,6 @@ WHERE e.step IS NOT NULL AND e.kind IN ('memcpy', 'memset')
 UNION ALL
 SELECT rank, step, s, e FROM _pipeline_comm_ev WHERE NOT is_pp;
 
-CREATE OR REPLACE TEMP VIEW _pipeline_busy_ev AS
-SELECT e.rank, e.step, e.ts_ns AS s, e.ts_ns + e.dur_ns AS e
-FROM events e JOIN _pipeline_devs d USING (rank)
-WHERE e.step IS NOT NULL AND e.kind IN ('compute', 'memcpy', 'memset')
-  AND CASE WHEN d.has_gpu THEN e.device >= 0 ELSE e.device = -1 END
-UNION ALL
-SELECT rank, step, s, e FROM _pipeline_comm_ev WHERE NOT is_pp;
-
 -- Phase annotations: forward_mb3 / backward-compute / wgrad_2 ..., or a trailing (F)/(B)/(W)
 -- as in DeepSeek's attn(F), mlp(B), attn(W). mb is the micro-batch number when named.
 CREATE OR REPLACE TEMP VIEW _pipeline_ann AS

@@ -22,33 +22,31 @@ FROM collectives c JOIN _stragglers_ranks r USING (rank)
 WHERE c.status = 'matched' AND c.instance_id IS NOT NULL;
 
 -- Algorithm: per instance, the last arrival; each rank waits from its own arrival to it, and
--- transfers from it to its end. The late rank is charged the others' mean wait ("held back").
+-- transfers from it to its end. The late rank is charged the others' mean wait ("held back"),
+-- up to the delay it made itself (own_delay_ns).
 -- Point-to-point instances name no late rank: a pipeline receiver waiting for its sender is
 -- the schedule's bubble (pipeline analysis), not a straggler.
 CREATE OR REPLACE TEMP VIEW stragglers_by_instance AS
-WITH l AS (
-  SELECT instance_id, arg_max(rank, arr) AS last_rank, max(arr) AS last_arr,
-         arg_max(ref, arr) AS last_ref
-  FROM _stragglers_rows GROUP BY instance_id
-), oth AS (
-  -- the late rank's own delay: how late it arrived beyond how late it was released, both
-  -- against the other members' means (then it equals their mean wait)
-  -- (a release lateness inside the clock uncertainty, or 1 µs, counts as none)
-  SELECT r.instance_id,
-         -- (differences before the mean: epoch ns lose precision as DOUBLE)
-         greatest(avg(l.last_arr - r.arr)
-                  - CASE WHEN avg(l.last_ref - r.ref) > greatest(max(r.unc), 1000)
-                         THEN avg(l.last_ref - r.ref) ELSE 0 END, 0)::BIGINT AS own_delay_ns
-  FROM _stragglers_rows r JOIN l USING (instance_id) WHERE r.rank <> l.last_rank
-  GROUP BY r.instance_id
-), i AS (
+WITH i AS (
   SELECT instance_id, any_value(pg_name) AS pg_name,
          CASE WHEN count(DISTINCT op) > 1 THEN 'p2p' ELSE any_value(op) END AS op,
          any_value(seq) AS seq, min(step) AS step, count(*) AS n_ranks,
          max(arr) - min(arr) AS skew_ns, arg_max(rank, arr) AS last_rank, max(arr) AS last_arr,
+         arg_max(ref, arr) AS last_ref,
          min(end_ns - ts_ns) AS min_dur_ns, max(end_ns - ts_ns) AS max_dur_ns,
          count(DISTINCT dom) > 1 AS spans_hosts, max(unc) AS unc_ns
   FROM _stragglers_rows GROUP BY instance_id
+), oth AS (
+  -- the late rank's own delay: how late it arrived beyond how late it was released, both
+  -- against the other members' means (then it equals their mean wait); a release lateness
+  -- inside the others' clock uncertainty, or 1 µs, counts as none. Differences are taken
+  -- before the mean: epoch ns lose precision as DOUBLE.
+  SELECT r.instance_id,
+         greatest(avg(i.last_arr - r.arr)
+                  - CASE WHEN avg(i.last_ref - r.ref) > greatest(max(r.unc), 1000)
+                         THEN avg(i.last_ref - r.ref) ELSE 0 END, 0)::BIGINT AS own_delay_ns
+  FROM _stragglers_rows r JOIN i USING (instance_id) WHERE r.rank <> i.last_rank
+  GROUP BY r.instance_id
 )
 SELECT i.instance_id, i.pg_name, coalesce(g.parallelism, 'UNKNOWN') AS parallelism, i.op,
        i.seq, i.step, i.n_ranks, i.skew_ns,
