@@ -106,13 +106,43 @@ def cross_rank_facts(con: duckdb.DuckDBPyConnection, results: dict[str, Result])
     }
     res_s = results.get("stragglers")
     if res_s is not None:
-        flagged = [f for f in res_s.findings if f.code == "STRAGGLER_RANK"]
+        flagged = {r for f in res_s.findings if f.code == "STRAGGLER_RANK" for r in f.ranks}
+        rows = res_s.table.filter(pl.col("rank").is_in(sorted(flagged))).sort(
+            ["net_held_back_per_step_ns", "rank"], descending=[True, False]
+        )
         out["stragglers"] = [
             {
-                "rank": f.ranks[0],
-                "held_back_per_step_ns": f.time_at_stake_ns,
-                "share": f.value,
+                "rank": int(r["rank"]),
+                "held_back_per_step_ns": int(r["net_held_back_per_step_ns"]),
+                "share": float(r["net_held_back_share"]),
             }
-            for f in flagged
+            for r in rows.iter_rows(named=True)
         ]
     return out
+
+
+def focus_ranks(report: Report, limit: int) -> list[int] | None:
+    """Which ranks a size-limited view shows (None: all fit): the ranks the costliest
+    findings name, then the extremes (most exposed communication, most idle), so a 1,024-rank
+    report stays readable and still holds the evidence of its findings."""
+    by_rank = report.results["breakdown"].tables["by_rank"]
+    if by_rank.height <= limit:
+        return None
+    out: list[int] = []
+    for fd in report.findings:
+        for r in fd.ranks:
+            if r not in out and len(out) < limit // 2:
+                out.append(int(r))
+    exposed = report.results["overlap"].tables["by_rank"]
+    orders = [
+        exposed.sort(["exposed_share", "rank"], descending=[True, False], nulls_last=True),
+        by_rank.sort(["idle_share", "rank"], descending=[True, False], nulls_last=True),
+    ]
+    ranked = [o["rank"].to_list() for o in orders]
+    for k in range(by_rank.height):
+        for lst in ranked:
+            if len(out) >= limit:
+                return sorted(out)
+            if k < len(lst) and int(lst[k]) not in out:
+                out.append(int(lst[k]))
+    return sorted(out)

@@ -72,6 +72,8 @@ class Params:
         imbalance_warn: compute above the peers' median by more than this is reported.
         align_warn_ns: an alignment residual above this makes cross-host timings untrustworthy.
         wait_dominates: exposed wait above this share of exposed communication is reported.
+        max_listed: up to this many stragglers get a finding each; more become one finding
+            naming them all (a slow switch or a bad data shard makes many at once: one cause).
     """
 
     held_back_share: float = 0.05
@@ -80,6 +82,7 @@ class Params:
     imbalance_warn: float = 0.15
     align_warn_ns: int = 50_000
     wait_dominates: float = 0.5
+    max_listed: int = 3
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
@@ -106,7 +109,9 @@ def _straggler(table: pl.DataFrame, inst: pl.DataFrame, p: Params) -> list[Findi
         (pl.col("net_held_back_share") > p.held_back_share)
         & (pl.col("net_held_back_per_step_ns") >= p.min_held_back_ns)
         & (pl.col("late_z") >= p.min_late_z)
-    ).sort("net_held_back_per_step_ns", descending=True, maintain_order=True)
+    ).sort(["net_held_back_per_step_ns", "rank"], descending=[True, False], maintain_order=True)
+    if bad.height > p.max_listed:
+        return [_many(bad, p)]
     out = []
     for row in bad.iter_rows(named=True):
         rank = int(row["rank"])
@@ -148,6 +153,35 @@ def _straggler(table: pl.DataFrame, inst: pl.DataFrame, p: Params) -> list[Findi
             )
         )
     return out
+
+
+def _many(bad: pl.DataFrame, p: Params) -> Finding:
+    """One finding for many stragglers: the worst few by name, all ranks in `ranks`."""
+    worst = bad.row(0, named=True)
+    named = ", ".join(
+        f"rank {int(r['rank'])} {r['net_held_back_per_step_ns'] / 1e6:.1f} ms"
+        for r in bad.head(p.max_listed).iter_rows(named=True)
+    )
+    hosts = bad["host"].drop_nulls().unique() if "host" in bad.columns else pl.Series([])
+    where = f" on {hosts.len()} host(s)" if hosts.len() else ""
+    return Finding(
+        code="STRAGGLER_RANK",
+        severity=Severity.WARNING,
+        message=(
+            f"{bad.height} ranks{where} hold the job back (per step: {named}, "
+            f"{bad.height - p.max_listed} more in the stragglers table)"
+        ),
+        fix=(
+            "many late ranks at once usually share one cause: look for what they have in "
+            "common (a host, a switch, a data shard, a stage), then as for one straggler: "
+            "uneven data, host-side stalls, a slow GPU/host"
+        ),
+        time_at_stake_ns=int(worst["net_held_back_per_step_ns"]),
+        ranks=tuple(int(r) for r in bad["rank"]),
+        value=float(worst["net_held_back_share"]),
+        threshold=p.held_back_share,
+        evidence={"stragglers": bad.height},
+    )
 
 
 def _imbalance(table: pl.DataFrame, p: Params) -> list[Finding]:

@@ -8,11 +8,13 @@ import json
 from typing import Any
 
 import polars as pl
-from ranklens.analysis.report import Report
+from ranklens.analysis.report import Report, focus_ranks
 from rich.console import Console
 from rich.table import Table
 
 FORMATS = ("table", "json", "csv", "markdown")
+MAX_FINDINGS = 10  # the text report lists the costliest; the other formats list all
+MAX_RANK_ROWS = 32  # above this, per-rank tables show the ranks findings name and the extremes
 
 # Which columns the human report shows per table, and how.
 _RANK_VIEW: list[tuple[str, str, str]] = [
@@ -62,26 +64,42 @@ _STAGE_VIEW: list[tuple[str, str, str]] = [
 ]
 
 
-def pipeline_lines(report: Report) -> tuple[list[str], list[list[str]]]:
-    """The pipeline section: schedule/convention lines and one row per stage (or nothing)."""
+def pipeline_lines(
+    report: Report, focus: list[int] | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """The pipeline section: schedule/convention lines (PP groups that agree share one) and
+    one row per stage (only the `focus` ranks' stages when given)."""
     res = report.results.get("pipeline")
     if res is None or res.tables.get("stages") is None or res.tables["stages"].is_empty():
         return [], []
     sched = res.tables["schedule"]
-    notes = []
+    lines: dict[str, list[tuple[str, float | None]]] = {}
     for (group,), part in sched.group_by("pp_group", maintain_order=True):
         r = part.row(0, named=True)
         meas = part["bubble_fraction"].drop_nulls()
-        shown = "-" if meas.is_empty() else _fmt(meas.mean(), "pct")
-        notes.append(
-            f"PP group {group}: {r['schedule'] or '?'}, p={r['p']}, m={r['m'] or '?'}"
+        what = (
+            f"{r['schedule'] or '?'}, p={r['p']}, m={r['m'] or '?'}"
             + (f", v={r['v']}" if (r["v"] or 1) > 1 else "")
-            + f" ({r['schedule_source'] or 'unknown'}); bubble {shown} of the pipeline time vs "
-            f"closed form {_fmt(r['closed_form'], 'pct')} [{r['convention'] or '-'}]"
+            + f" ({r['schedule_source'] or 'unknown'}); closed form "
+            f"{_fmt(r['closed_form'], 'pct')} [{r['convention'] or '-'}]"
         )
+        mean = None if meas.is_empty() else float(meas.mean())  # type: ignore[arg-type]
+        lines.setdefault(what, []).append((str(group), mean))
+    notes = []
+    for what, groups in lines.items():
+        vals = [v for _, v in groups if v is not None]
+        if len(groups) == 1:
+            shown = "-" if not vals else _fmt(vals[0], "pct")
+            notes.append(f"PP group {groups[0][0]}: {what}; bubble {shown} of the pipeline time")
+            continue
+        rng = "-" if not vals else f"{_fmt(min(vals), 'pct')} to {_fmt(max(vals), 'pct')}"
+        notes.append(f"{len(groups)} PP groups: {what}; bubble {rng} of the pipeline time")
+    stages = res.tables["stages"]
+    if focus is not None:
+        stages = stages.filter(pl.col("rank").is_in(focus))
     rows = [
         [_fmt(row.get(c), how, int(row["steps"])) for c, _, how in _STAGE_VIEW]
-        for row in res.tables["stages"].sort("pp_group", "stage").iter_rows(named=True)
+        for row in stages.sort("pp_group", "stage").iter_rows(named=True)
     ]
     return notes, rows
 
@@ -114,9 +132,10 @@ def cross_rank_lines(facts: dict[str, Any], markup: bool = True) -> list[str]:
         parts = [
             f"rank {s['rank']} by {s['held_back_per_step_ns'] / 1e6:.1f} ms/step "
             f"({100 * (s['share'] or 0):.0f}%)"
-            for s in st
+            for s in st[:5]
         ]
-        out.append(f"{b}stragglers:{e} holding the job back: " + "; ".join(parts))
+        more = f"; and {len(st) - 5} more" if len(st) > 5 else ""
+        out.append(f"{b}stragglers:{e} holding the job back: " + "; ".join(parts) + more)
     elif st is not None:
         out.append("stragglers: none (no rank holds the others back beyond the threshold)")
     return out
@@ -149,7 +168,7 @@ def render_table(report: Report, console: Console) -> None:
     console.print()
     console.print("[bold]Findings[/] (most step time at stake first)")
     colors = {"critical": "red", "warning": "yellow", "info": "cyan"}
-    for i, fd in enumerate(report.findings, start=1):
+    for i, fd in enumerate(report.findings[:MAX_FINDINGS], start=1):
         c = colors[fd.severity.value]
         console.print(
             f" {i}. [{c}]{fd.severity.value}[/] [bold]{fd.code}[/]  "
@@ -160,9 +179,25 @@ def render_table(report: Report, console: Console) -> None:
         console.print(f"    [green]fix:[/] {fd.fix}", highlight=False)
     if not report.findings:
         console.print("    no findings")
+    elif len(report.findings) > MAX_FINDINGS:
+        rest = report.findings[MAX_FINDINGS:]
+        codes = ", ".join(sorted({fd.code for fd in rest}))
+        console.print(
+            f"    ... {len(rest)} more finding(s) with less at stake ({codes}): "
+            "`--format json` or `--format markdown` lists them all",
+            highlight=False,
+        )
     console.print()
     summary = rank_summary(report)
-    rt = Table(title="Per rank (totals over steps)", title_justify="left")
+    focus = focus_ranks(report, MAX_RANK_ROWS)
+    title = "Per rank (totals over steps)"
+    if focus is not None:
+        title += (
+            f": {len(focus)} of {summary.height} ranks (those the findings name, then the most "
+            "exposed and most idle; all in `--format json` or `ranklens sql`)"
+        )
+        summary = summary.filter(pl.col("rank").is_in(focus))
+    rt = Table(title=title, title_justify="left")
     for _, label, _ in _RANK_VIEW:
         rt.add_column(label, justify="right")
     for row in summary.iter_rows(named=True):
@@ -175,6 +210,8 @@ def render_table(report: Report, console: Console) -> None:
         )
         for col in ("rank", "parallelism", "comm", "hidden", "exposed", "overlap"):
             pt.add_column(col, justify="right")
+        if focus is not None:
+            par = par.filter(pl.col("rank").is_in(focus))
         agg = (
             par.group_by("rank", "parallelism")
             .agg(pl.col("comm_ns", "hidden_ns", "exposed_ns").sum())
@@ -191,9 +228,12 @@ def render_table(report: Report, console: Console) -> None:
                 _fmt(ratio, "pct"),
             )
         console.print(pt)
-    notes, stage_rows = pipeline_lines(report)
+    notes, stage_rows = pipeline_lines(report, focus)
     if stage_rows:
-        st = Table(title="Pipeline bubbles per stage (ms per step)", title_justify="left")
+        title = "Pipeline bubbles per stage (ms per step)"
+        if focus is not None:
+            title += ": the stages of the ranks shown above"
+        st = Table(title=title, title_justify="left")
         for _, label, _ in _STAGE_VIEW:
             st.add_column(label, justify="right")
         for cells in stage_rows:

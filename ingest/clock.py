@@ -24,6 +24,7 @@ import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
+from ranklens.ingest.clock_p2p import link_components
 from ranklens.ingest.config import RunOptions
 
 SYNC_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier", "send_recv")
@@ -42,8 +43,14 @@ class Alignment:
     summary: dict[str, str]
 
 
-def align_clocks(con: duckdb.DuckDBPyConnection, options: RunOptions) -> Alignment:
-    """Estimate (or take) offsets, write them into `ranks`, and return what was done."""
+def align_clocks(
+    con: duckdb.DuckDBPyConnection, options: RunOptions, p2p: pl.DataFrame | None = None
+) -> Alignment:
+    """Estimate (or take) offsets, write them into `ranks`, and return what was done.
+
+    `p2p`: pairs of send/recv ends that should agree (`a`, `ea`, `b`, `eb`) to link hosts no
+    collective joins; by default the matched send/recv instances of `collectives`.
+    """
     ranks = con.execute("SELECT rank, host FROM ranks ORDER BY rank").fetchall()
     domain = {int(r): (str(h) if h else f"rank:{r}") for r, h in ranks}
     # Ends relative to the earliest one: float64 holds ns exactly only below 2^53.
@@ -66,7 +73,7 @@ def align_clocks(con: duckdb.DuckDBPyConnection, options: RunOptions) -> Alignme
         offsets, methods = dict.fromkeys(domain, 0), dict.fromkeys(domain, "single_host")
         note = "one host: one clock"
     else:
-        offsets, methods, note = _estimate(domain, ends)
+        offsets, methods, note = _estimate(domain, ends, _p2p_pairs(con) if p2p is None else p2p)
     residuals = _residuals(ends, offsets)
     res = Alignment(offsets, methods, residuals, {})
     _write(con, res)
@@ -94,11 +101,59 @@ def _user(
 
 
 def _estimate(
-    domain: dict[int, str], ends: pl.DataFrame
+    domain: dict[int, str], ends: pl.DataFrame, p2p: pl.DataFrame
 ) -> tuple[dict[int, int], dict[int, str], str]:
-    """Offsets per domain from instance ends; see the module docstring."""
+    """Offsets per domain from instance ends, then p2p links; see the module docstring."""
     names = sorted(set(domain.values()), key=lambda d: min(r for r, x in domain.items() if x == d))
     did = {d: k for k, d in enumerate(names)}
+    n_dom = len(names)
+    o, comp = _from_collectives(did, domain, ends)
+    o, comp, linked = link_components(p2p, {r: did[d] for r, d in domain.items()}, o, comp)
+    if len(set(comp.tolist())) == n_dom:
+        return (
+            dict.fromkeys(domain, 0),
+            dict.fromkeys(domain, "none"),
+            "no collective or send/recv spans two hosts",
+        )
+    main = comp[0]
+    offsets = {r: round(float(o[did[d]])) for r, d in domain.items()}
+    methods = {
+        r: (
+            "p2p"
+            if did[d] in linked
+            else "unconnected"
+            if comp[did[d]] != main
+            else "collectives"
+        )
+        for r, d in domain.items()
+    }
+    n_un = int((comp != main).sum())
+    n_p2p = len(linked)
+    note = f"{n_dom} hosts, {n_un} not linked to the reference by any collective or send/recv"
+    if n_p2p:
+        note += f", {n_p2p} linked through send/recv"
+    return offsets, methods, note
+
+
+def _p2p_pairs(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """Matched send/recv instances: the ends of one message (relative, like `ends`)."""
+    df = pl.from_arrow(
+        con.sql(
+            """WITH m AS (SELECT instance_id, op, rank, end_ns FROM collectives
+                          WHERE status = 'matched' AND op IN ('send', 'recv'))
+               SELECT s.rank AS a, s.end_ns AS ea, r.rank AS b, r.end_ns AS eb
+               FROM m s JOIN m r USING (instance_id) WHERE s.op = 'send' AND r.op = 'recv'"""
+        ).to_arrow_table()
+    )
+    assert isinstance(df, pl.DataFrame)
+    return df
+
+
+def _from_collectives(
+    did: dict[str, int], domain: dict[int, str], ends: pl.DataFrame
+) -> tuple[np.ndarray, np.ndarray]:
+    """Offsets and connected components of domains from collective ends (IRLS)."""
+    n_dom = len(did)
     dmap = pl.DataFrame(
         {"rank": list(domain), "h": [did[d] for d in domain.values()]},
         schema={"rank": pl.Int32, "h": pl.Int64},
@@ -110,13 +165,8 @@ def _estimate(
         .agg(pl.col("end_ns").median().alias("m"))
         .filter(pl.col("h").n_unique().over("i") > 1)
     )
-    n_dom = len(names)
     if rows.is_empty():
-        return (
-            dict.fromkeys(domain, 0),
-            dict.fromkeys(domain, "none"),
-            "no collective spans two hosts",
-        )
+        return np.zeros(n_dom), np.arange(n_dom)
     inst = rows["i"].rank("dense").cast(pl.Int64).to_numpy() - 1
     h = rows["h"].to_numpy()
     m = rows["m"].to_numpy().astype(np.float64)
@@ -131,14 +181,7 @@ def _estimate(
     for c in set(comp.tolist()):
         members = np.flatnonzero(comp == c)
         o[members] -= o[members.min()]
-    main = comp[0]
-    offsets = {r: round(float(o[did[d]])) for r, d in domain.items()}
-    methods = {
-        r: ("collectives" if comp[did[d]] == main else "unconnected") for r, d in domain.items()
-    }
-    n_un = int((comp != main).sum())
-    note = f"{n_dom} hosts, {n_un} not linked to the reference by any collective"
-    return offsets, methods, note
+    return o, comp
 
 
 def _components(inst: np.ndarray, h: np.ndarray, n: int) -> np.ndarray:

@@ -1,5 +1,6 @@
 """Cross-rank work after every rank is in: groups of unlabeled communication, collective
-matching, clock alignment and parallelism attribution (in that order: each needs the last).
+matching, clock alignment and parallelism attribution (in that order: each needs the last;
+send/recv without peers are paired after a first alignment and matched again).
 
 Why one entry point: the loader calls it once, and what it did is recorded in `meta` so a
 report can say how far the cross-rank numbers can be trusted.
@@ -10,12 +11,19 @@ from __future__ import annotations
 from collections import defaultdict
 
 import duckdb
+import pyarrow as pa
 from ranklens.ingest.clock import align_clocks
 from ranklens.ingest.communicators import infer_communicators
 from ranklens.ingest.config import RunOptions
 from ranklens.ingest.gloo_groups import attribute_gloo
 from ranklens.ingest.groups import attribute
 from ranklens.ingest.matching import match_collectives
+from ranklens.ingest.p2p_infer import (
+    candidate_pairs,
+    has_unknown,
+    infer_by_stream,
+    infer_peers,
+)
 
 
 def finish_cross_rank(con: duckdb.DuckDBPyConnection, options: RunOptions | None = None) -> None:
@@ -31,7 +39,18 @@ def finish_cross_rank(con: duckdb.DuckDBPyConnection, options: RunOptions | None
         # not talk to each other, and pairing them by order would invent collectives.
         facts["inferred_groups"] = str(infer_communicators(con))
         facts["inferred_groups_merged"] = str(_merge_inferred(con))
-    for status, n in match_collectives(con).items():
+    statuses = match_collectives(con)
+    if has_unknown(con):
+        # Send/recv without peers: pair neighbours' stream classes, then (for what stays)
+        # align on every adjacent-stage pairing (the true ones agree) and pair op by op.
+        hints = infer_by_stream(con)
+        statuses = match_collectives(con, hints)
+        if has_unknown(con):
+            align_clocks(con, opts, candidate_pairs(con))
+            hints = pa.concat_tables([hints, infer_peers(con)])
+            statuses = match_collectives(con, hints)
+        facts["p2p_peers_inferred"] = str(hints.num_rows)
+    for status, n in statuses.items():
         facts[f"collectives_{status}"] = str(n)
     facts.update(align_clocks(con, opts).summary)
     label_groups(con, opts)

@@ -12,7 +12,9 @@ rank), each rank's positions are shifted to best agree with the fullest rank: mo
 (op, size) pairs, then the steadiest end-time difference (a clock offset is constant, a wrong
 pairing is not). Every instance gets a status; mismatches are kept, never papered over:
 `incomplete` (a present member never joined: the hang culprit), `op_mismatch`,
-`size_mismatch`, `duplicate`, `others_absent` (no other member's trace is in the run).
+`size_mismatch`, `duplicate`, `others_absent` (no other member's trace is in the run),
+`peer_unknown` (a send/recv in a group of 3+ whose peer neither the trace nor inference gave:
+pairing it by position would pair sends with sends). Inferred peers come in as `_peer_hints`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,14 @@ import numpy as np
 import pyarrow as pa
 
 _MAX_SHIFT = 4
+_NO_HINTS = pa.table(
+    {
+        "rank": pa.array([], pa.int32()),
+        "ts_ns": pa.array([], pa.int64()),
+        "stream": pa.array([], pa.int64()),
+        "peer": pa.array([], pa.int32()),
+    }
+)
 
 # Bytes per element for the dtype spellings of Kineto args and profiler `Input type`.
 _ELEM_BYTES_SQL = """CASE lower(dtype)
@@ -44,19 +54,28 @@ WITH ev AS (
          CASE WHEN coalesce(e.coll_op, '') = 'all_gather' THEN coalesce(e.out_nelems, e.in_nelems)
               ELSE coalesce(e.in_nelems, e.out_nelems) END AS arg_nelems, e.shapes
   FROM events e WHERE e.kind = 'comm'
+), hinted AS (
+  SELECT ev.*, h.peer AS hint_peer FROM ev LEFT JOIN _peer_hints h
+    ON h.rank = ev.rank AND h.ts_ns = ev.ts_ns AND h.stream IS NOT DISTINCT FROM ev.stream
 ), j AS (
   SELECT ev.*, g.ranks AS g_ranks, coalesce(g.size, ev.group_size) AS n,
          coalesce(ev.arg_nelems, CASE WHEN ev.shapes IS NOT NULL THEN CAST(list_max(
            list_transform(try_cast(try_cast(ev.shapes AS JSON) AS BIGINT[][]),
                           lambda x: list_aggregate(x, 'product'))) AS BIGINT) END) AS nelems
-  FROM ev LEFT JOIN process_groups g USING (pg_name)
+  FROM hinted ev LEFT JOIN process_groups g USING (pg_name)
 ), p AS (
   SELECT j.*,
-         coalesce(peer, CASE WHEN op IN ('send', 'recv') AND len(g_ranks) = 2
-                             THEN list_filter(g_ranks, lambda x: x <> rank)[1] END) AS peer2
+         coalesce(peer, hint_peer,
+                  CASE WHEN op IN ('send', 'recv') AND len(g_ranks) = 2
+                       THEN list_filter(g_ranks, lambda x: x <> rank)[1] END) AS peer2,
+         CASE WHEN peer IS NOT NULL THEN 'trace' WHEN hint_peer IS NOT NULL THEN 'inferred'
+              WHEN op IN ('send', 'recv') AND len(g_ranks) = 2 THEN 'group_of_two'
+         END AS peer_source,
+         op IN ('send', 'recv') AND coalesce(peer, hint_peer) IS NULL
+           AND coalesce(len(g_ranks), n) > 2 AS peer_unknown
   FROM j
 ), q AS (
-  SELECT rank, pg_name, op, peer2 AS peer,
+  SELECT rank, pg_name, op, peer2 AS peer, peer_source, peer_unknown,
          CASE WHEN op IN ('send', 'recv') AND peer2 IS NOT NULL THEN 2 ELSE n END AS group_size,
          nelems, dtype, coalesce(ev_bytes, nelems * ({_ELEM_BYTES_SQL})) AS bytes,
          device, stream, name, step, ts_ns, end_ns, ts_ns AS arrive_ns, given_seq,
@@ -70,15 +89,15 @@ WITH ev AS (
 )
 SELECT q.*,
        -- one window: (group, rank) for collectives, (group, rank, peer, op) for send/recv
-       CASE WHEN pg_name IS NOT NULL
+       CASE WHEN pg_name IS NOT NULL AND NOT peer_unknown
             THEN row_number() OVER (PARTITION BY pg_name, rank, p2p, src, dst
                                     ORDER BY ts_ns, stream) - 1 END AS seq
 FROM q;
 
 -- Sequence numbers the trace gives win when every op of the group has one.
 UPDATE _coll SET seq = given_seq
-WHERE NOT p2p AND pg_name IN (
-  SELECT pg_name FROM _coll WHERE NOT p2p GROUP BY pg_name
+WHERE NOT p2p AND NOT peer_unknown AND pg_name IN (
+  SELECT pg_name FROM _coll WHERE NOT p2p AND NOT peer_unknown GROUP BY pg_name
   HAVING count(given_seq) = count(*));
 
 -- A gloo isend's wait span starts when the program waits; the rank joined at the issue op.
@@ -118,7 +137,7 @@ agg AS (
            AS n_ranks,
          min(op) <> max(op) AS ops_differ,
          min(coalesce(bytes, nelems)) <> max(coalesce(bytes, nelems)) AS sizes_differ
-  FROM _coll WHERE pg_name IS NOT NULL GROUP BY ALL
+  FROM _coll WHERE pg_name IS NOT NULL AND NOT peer_unknown GROUP BY ALL
 )
 SELECT agg.*, row_number() OVER (ORDER BY p2p, pg_name, src, dst, seq) - 1 AS instance_id,
        CASE WHEN p2p THEN (src IN (SELECT rank FROM _present))::INT
@@ -129,6 +148,7 @@ FROM agg LEFT JOIN _expected x USING (pg_name) LEFT JOIN seen s USING (pg_name);
 INSERT INTO collectives
 SELECT c.rank, c.pg_name, c.op, c.seq, i.instance_id,
        CASE WHEN c.pg_name IS NULL THEN 'no_group'
+            WHEN c.peer_unknown THEN 'peer_unknown'
             WHEN i.expected <= 1 THEN 'others_absent'
             WHEN i.n_ranks < i.expected THEN 'incomplete'
             WHEN i.n_rows > i.n_ranks THEN 'duplicate'
@@ -136,7 +156,7 @@ SELECT c.rank, c.pg_name, c.op, c.seq, i.instance_id,
             WHEN coalesce(i.sizes_differ, false) THEN 'size_mismatch'
             ELSE 'matched' END,
        c.peer, c.group_size, c.nelems, c.dtype, c.bytes, c.device, c.stream, c.name, c.step,
-       c.ts_ns, c.end_ns, c.arrive_ns
+       c.ts_ns, c.end_ns, c.arrive_ns, c.peer_source
 FROM _coll c LEFT JOIN _inst i
   ON i.pg_name = c.pg_name AND i.p2p = c.p2p AND i.seq = c.seq AND i.src = c.src
  AND i.dst = c.dst
@@ -144,9 +164,19 @@ ORDER BY c.rank, c.ts_ns;
 """
 
 
-def match_collectives(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
-    """Fill the `collectives` table from comm events; returns counts per status for meta."""
-    con.execute(_BUILD_SQL)
+def match_collectives(
+    con: duckdb.DuckDBPyConnection, hints: pa.Table | None = None
+) -> dict[str, int]:
+    """(Re)fill the `collectives` table from comm events; returns counts per status for meta.
+
+    `hints`: inferred p2p peers (rank, ts_ns, stream, peer) for ops the trace left without one.
+    """
+    con.execute("DELETE FROM collectives")
+    con.register("_peer_hints", hints if hints is not None else _NO_HINTS)
+    try:
+        con.execute(_BUILD_SQL)
+    finally:
+        con.unregister("_peer_hints")
     _repair_shifts(con)
     con.execute(_INSTANCE_SQL)
     for t in ("_coll", "_inst", "_expected", "_present"):
@@ -162,7 +192,7 @@ def _repair_shifts(con: duckdb.DuckDBPyConnection) -> None:
         for r in con.execute(
             """SELECT pg_name FROM (
                  SELECT pg_name, rank, count(*) AS n, count(given_seq) AS g FROM _coll
-                 WHERE pg_name IS NOT NULL AND NOT p2p GROUP BY ALL)
+                 WHERE pg_name IS NOT NULL AND NOT p2p AND NOT peer_unknown GROUP BY ALL)
                GROUP BY pg_name HAVING count(DISTINCT n) > 1 AND sum(g) < sum(n)"""
         ).fetchall()
     ]
@@ -173,7 +203,7 @@ def _repair_shifts(con: duckdb.DuckDBPyConnection) -> None:
         seqs: dict[int, list[tuple[str, int | None, int]]] = defaultdict(list)
         for rank, op, size, end in con.execute(
             """SELECT rank, op, coalesce(bytes, nelems), end_ns FROM _coll
-               WHERE pg_name = ? AND NOT p2p ORDER BY rank, seq""",
+               WHERE pg_name = ? AND NOT p2p AND NOT peer_unknown ORDER BY rank, seq""",
             [pg],
         ).fetchall():
             seqs[int(rank)].append((str(op), size, int(end)))
@@ -201,7 +231,8 @@ def _repair_shifts(con: duckdb.DuckDBPyConnection) -> None:
     try:
         con.execute(
             """UPDATE _coll SET seq = _coll.seq + s.shift FROM _shifts s
-               WHERE _coll.pg_name = s.pg AND _coll.rank = s.rank AND NOT _coll.p2p"""
+               WHERE _coll.pg_name = s.pg AND _coll.rank = s.rank AND NOT _coll.p2p
+                 AND NOT _coll.peer_unknown"""
         )
     finally:
         con.unregister("_shifts")

@@ -94,7 +94,8 @@ TABLES: tuple[Table, ...] = (
             Column(
                 "clock_method",
                 "VARCHAR",
-                "How the offset was obtained: none, single_host, collectives, user, unconnected.",
+                "How the offset was obtained: none, single_host, collectives, p2p (hosts no "
+                "collective links, linked through send/recv), user, unconnected.",
             ),
             Column(
                 "align_residual_ns",
@@ -162,7 +163,8 @@ TABLES: tuple[Table, ...] = (
                 "status",
                 "VARCHAR",
                 "matched, incomplete (a member never joined), op_mismatch, size_mismatch, "
-                "duplicate, others_absent (no other member's trace in the run) or no_group.",
+                "duplicate, others_absent (no other member's trace in the run), no_group or "
+                "peer_unknown (a send/recv in a group of 3+ whose peer could not be found).",
             ),
             Column("peer", "INTEGER", "Peer global rank of a send/recv."),
             Column("group_size", "INTEGER", "n: ranks in the group (2 for send/recv)."),
@@ -179,6 +181,13 @@ TABLES: tuple[Table, ...] = (
                 "arrive_ns",
                 "BIGINT",
                 "When the rank joined, raw clock (the start; for a gloo isend, its issue op).",
+            ),
+            Column(
+                "peer_source",
+                "VARCHAR",
+                "Where a send/recv's peer came from: trace (Src/Dst Rank, gloo args), "
+                "inferred (the adjacent stage whose p2p stream answers it, else by size and "
+                "aligned end time), group_of_two.",
             ),
         ),
     ),

@@ -136,8 +136,8 @@ def rank_doc(
                 rpc["Rank"] = g["ranks"].index(peer)
                 if job.peers:
                     rpc["Dst Rank" if coll == "send" else "Src Rank"] = peer
-                lo = min(rank, peer)
-                stream = 40 + (0 if peer == lo else 1) + 2 * (g["ranks"].index(lo) % 8)
+                # torch: one NCCL communicator and stream per pair of p2p peers
+                stream = 40 + g["ranks"].index(peer)
             else:
                 stream = _STREAMS["async" if tm.stream == "async" else "coll"]
             ev.append(_x("cpu_op", "record_param_comms", pid, pid, host, 1.0, rpc))

@@ -109,5 +109,5 @@ SELECT c.pg_name, c.instance_id, c.seq, any_value(c.status) AS status,
                              AND NOT list_contains(list(c.rank), x)) AS missing_ranks,
        min(c.step) AS step, min(c.ts_ns) AS first_ts_ns
 FROM collectives c LEFT JOIN process_groups g USING (pg_name), p
-WHERE c.status NOT IN ('matched', 'others_absent', 'no_group')
+WHERE c.status NOT IN ('matched', 'others_absent', 'no_group', 'peer_unknown')
 GROUP BY c.pg_name, c.instance_id, c.seq;

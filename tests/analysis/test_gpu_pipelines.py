@@ -110,7 +110,7 @@ def test_dp_in_the_bubble_counts_as_bubble(tmp_path: Path, ingest: Ingest) -> No
     )
 
 
-@pytest.mark.parametrize("peers", [True])
+@pytest.mark.parametrize("peers", [True, False])
 def test_straggler_named_alone(tmp_path: Path, ingest: Ingest, peers: bool) -> None:
     """tp2 x dp4 x pp4, rank 13 computes 1.3x slower: its TP peer, its pipeline and its DP
     replicas all wait for it, but only rank 13 made the delay; it is named alone. At
