@@ -70,7 +70,7 @@ def main() -> None:
     truth = json.loads((src / "truth.json").read_text())
     size = sum(p.stat().st_size for p in src.glob("rank*.json"))
     db.unlink(missing_ok=True)
-    exe = [sys.executable, "-m", "ranklens.cli.main"]
+    exe = [str(Path(sys.executable).with_name("ranklens"))]
     t_in, rss_in = _timed([*exe, "ingest", str(src), "-o", str(db)])
     t_rep, rss_rep = _timed([*exe, "report", str(db), "--format", "json"])
     con = duckdb.connect(str(db), read_only=True)

@@ -96,6 +96,8 @@ def rank_doc(
         if tm.kind == "compute":
             k = int(meta.get("k", 0)) % 3
             name, grid, op, dims = _KERNELS[k]
+            if meta.get("phase") == "B":  # backward GEMMs (wgrad) multiply other shapes
+                dims = [[dims[1][1], dims[0][0]], [dims[0][0], dims[0][1]]]
             if meta.get("phase") == "O":
                 name, grid, op, dims = (
                     "multi_tensor_apply_kernel",
