@@ -74,8 +74,10 @@ def _insert_groups(con: duckdb.DuckDBPyConnection, groups: list[dict[str, Any]])
                 cur[key] = g[key]
         if g.get("ranks"):
             # pg_config lists members in group-rank order: keep the first full list, add others
+            # (a set: the world group of 1,024 ranks is reported 1,024 times)
             known = list(cur.get("ranks") or [])
-            cur["ranks"] = known + [r for r in g["ranks"] if r not in known]
+            seen = set(known)
+            cur["ranks"] = known + [r for r in g["ranks"] if r not in seen]
         if g.get("source") == "pg_config":
             cur["source"] = "pg_config"
     world = con.execute("SELECT max(world_size) FROM ranks").fetchall()[0][0]
