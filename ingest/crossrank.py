@@ -18,6 +18,7 @@ from ranklens.ingest.config import RunOptions
 from ranklens.ingest.gloo_groups import attribute_gloo
 from ranklens.ingest.groups import attribute
 from ranklens.ingest.matching import match_collectives
+from ranklens.ingest.p2p_batches import link_batches
 from ranklens.ingest.p2p_infer import (
     candidate_pairs,
     has_unknown,
@@ -31,6 +32,7 @@ def finish_cross_rank(con: duckdb.DuckDBPyConnection, options: RunOptions | None
     opts = options or RunOptions()
     facts: dict[str, str] = {}
     n_ranks, world = con.execute("SELECT count(*), max(world_size) FROM ranks").fetchall()[0]
+    facts["p2p_batched_kernels"] = str(link_batches(con))
     for k, v in attribute_gloo(con).items():
         facts[k] = str(v)
     if n_ranks > 1 and (world is None or n_ranks >= world):

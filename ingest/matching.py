@@ -24,6 +24,7 @@ from collections import defaultdict
 import duckdb
 import numpy as np
 import pyarrow as pa
+from ranklens.ingest.p2p_batches import EMPTY_SQL
 
 _MAX_SHIFT = 4
 _NO_HINTS = pa.table(
@@ -52,11 +53,20 @@ WITH ev AS (
          e.peer, e.group_size, e.dtype, e.bytes AS ev_bytes, e.device, e.stream, e.name, e.step,
          e.ts_ns, e.ts_ns + e.dur_ns AS end_ns, e.seq AS given_seq,
          CASE WHEN coalesce(e.coll_op, '') = 'all_gather' THEN coalesce(e.out_nelems, e.in_nelems)
-              ELSE coalesce(e.in_nelems, e.out_nelems) END AS arg_nelems, e.shapes
-  FROM events e WHERE e.kind = 'comm'
+              ELSE coalesce(e.in_nelems, e.out_nelems) END AS arg_nelems, e.shapes, e.batched
+  FROM (SELECT rank, pg_name, coll_op, name, peer, group_size, dtype, bytes, device, stream,
+               step, ts_ns, dur_ns, seq, in_nelems, out_nelems, shapes, false AS batched
+        FROM events x WHERE x.kind = 'comm' AND NOT EXISTS (
+          SELECT 1 FROM _p2p_batch_ops b WHERE b.rank = x.rank AND b.ts_ns = x.ts_ns
+            AND b.stream IS NOT DISTINCT FROM x.stream AND x.device >= 0)
+        UNION ALL  -- a batched kernel: one row per op it carries (p2p_batches.py)
+        SELECT rank, pg_name, coll_op, name, peer, group_size, dtype, bytes, device, stream,
+               step, ts_ns, dur_ns, seq, in_nelems, out_nelems, shapes, true
+        FROM _p2p_batch_ops) e
 ), hinted AS (
   SELECT ev.*, h.peer AS hint_peer FROM ev LEFT JOIN _peer_hints h
     ON h.rank = ev.rank AND h.ts_ns = ev.ts_ns AND h.stream IS NOT DISTINCT FROM ev.stream
+   AND NOT ev.batched  -- the ops of one batch share the kernel's (rank, start, stream)
 ), j AS (
   SELECT ev.*, g.ranks AS g_ranks, coalesce(g.size, ev.group_size) AS n,
          coalesce(ev.arg_nelems, CASE WHEN ev.shapes IS NOT NULL THEN CAST(list_max(
@@ -172,6 +182,7 @@ def match_collectives(
     `hints`: inferred p2p peers (rank, ts_ns, stream, peer) for ops the trace left without one.
     """
     con.execute("DELETE FROM collectives")
+    con.execute(EMPTY_SQL)  # no batched p2p linked (p2p_batches.link_batches): none
     con.register("_peer_hints", hints if hints is not None else _NO_HINTS)
     try:
         con.execute(_BUILD_SQL)

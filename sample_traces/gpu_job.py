@@ -67,6 +67,7 @@ class GpuJob:
     opt_us: float = 300.0
     gap_us: float = 2.0
     peers: bool = True
+    batched: bool = False  # Megatron's batch_p2p_comm: each P2P group one NCCL kernel
     ranks_per_host: int = 8
     host_shift_us: dict[int, float] | None = None
     first_step: int = 3
@@ -157,14 +158,14 @@ def _items(job: GpuJob, rank: int, step: int) -> list[Item]:
     for i, (ph, c, mb) in enumerate(order):
         ops = [o for o in (send_of(*prev) if prev else None, recv_of(ph, c, mb)) if o]
         if ops:
-            items.append(P2P(_parity(ops, rank, neighbour(s + 1), s)))
+            items.append(P2P(_parity(ops, rank, neighbour(s + 1), s), job.batched))
         if i == last_b and job.dp > 1 and job.dp_overlap:
             items.append(Coll(dp_key, job.dp, job.dp_us, {"op": "reduce_scatter"}, True))
         items.extend(_block(job, rank, step, ph, c, mb, factor))
         prev = (ph, c, mb)
     last = send_of(*prev) if prev else None
     if last:
-        items.append(P2P([last]))
+        items.append(P2P([last], job.batched))
     if job.dp > 1:
         if job.dp_overlap:
             items.append(WaitAsync(dp_key))
@@ -247,6 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--straggler", type=str, default=None, help="RANK=FACTOR")
     ap.add_argument("--contention", type=float, default=None)
     ap.add_argument("--dp-overlap", action="store_true")
+    ap.add_argument("--batched", action="store_true", help="batched isend/irecv (one kernel)")
     ap.add_argument("--gz", action="store_true")
     a = ap.parse_args(argv)
     kw: dict[str, Any] = {
@@ -262,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         kw["rank_factor"] = {int(rk): float(f)}
     if a.contention is not None:
         kw["contention"] = a.contention
-    job = GpuJob(peers=not a.no_peers, dp_overlap=a.dp_overlap, **kw)
+    job = GpuJob(peers=not a.no_peers, dp_overlap=a.dp_overlap, batched=a.batched, **kw)
     run = write_job(job, a.out, gz=a.gz)
     print(
         f"wrote {job.world} ranks to {a.out} (truth.json: {len(run.truth['per_rank_step'])} rows)"

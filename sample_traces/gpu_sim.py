@@ -7,7 +7,8 @@ runs a list of items in order; communication items complete only when their part
 them. The result is exact truth: every kernel's true start and end.
 
 Items: `Compute` (kernels back to back), `P2P` (a group of isend/irecv posted together, waited
-together; each op runs on the stream of its peer pair, ops on one stream serialize), `Coll`
+together; each op runs on the stream of its peer pair, ops on one stream serialize; a batched
+group is one kernel that ends when its last op does), `Coll`
 (a blocking collective: ends at the last arrival + transfer; `overlapped`: on its own stream,
 the rank goes on), `WaitAsync` (the rank waits for an overlapped one).
 """
@@ -41,6 +42,7 @@ class P2POp:
 @dataclass
 class P2P:
     ops: list[P2POp]
+    batched: bool = False  # one NCCL group (batch_isend_irecv): one kernel for all its ops
 
 
 @dataclass
@@ -194,12 +196,13 @@ def _p2p(
         changed = False
         for k, g in enumerate(st.group):
             o: P2POp = g["op"]
-            stream = _stream(r, o)
+            stream = _BATCH if item.batched else _stream(r, o)
             if g["start"] is None:
                 prev = [h for h in st.group[:k] if _stream(r, h["op"]) == stream]
                 if any(h["end"] is None for h in prev):
                     continue
-                began = max(issue + 0.5 * k, st.streams.get(stream, issue))
+                # a batch posts every op at once (ncclGroupEnd launches one kernel)
+                began = max(issue + (0 if item.batched else 0.5 * k), st.streams.get(stream, issue))
                 g["start"] = began
                 posts.setdefault(o.tag, {})[o.op] = began
                 changed = True
@@ -215,6 +218,18 @@ def _p2p(
                 changed = True
     if any(g["end"] is None for g in st.group):
         return False
+    if item.batched:
+        end = max(g["end"] for g in st.group)
+        ops = [
+            {"op": g["op"].op, "peer": g["op"].peer, "tag": g["op"].tag, "nelems": g["op"].nelems}
+            for g in st.group
+        ]
+        start = min(g["start"] for g in st.group)
+        st.out.append(Timed("p2p", start, end, _BATCH, {"op": "batch", "ops": ops}))
+        st.streams[_BATCH] = end
+        st.cur = end
+        st.group = None
+        return True
     for g in st.group:
         o = g["op"]
         meta = {"op": o.op, "peer": o.peer, "tag": o.tag, "nelems": o.nelems}
@@ -222,6 +237,9 @@ def _p2p(
     st.cur = max(g["end"] for g in st.group)
     st.group = None
     return True
+
+
+_BATCH = "p2p:batch"
 
 
 def _stream(r: int, o: P2POp) -> str:

@@ -38,7 +38,7 @@ _KERNELS = (
         [[8192, 4096], [4096, 8192]],
     ),
 )
-_STREAMS = {"compute": 7, "coll": 20, "async": 24}
+_STREAMS = {"compute": 7, "coll": 20, "async": 24, "batch": 39}
 _NCCL = {
     "all_reduce": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
     "reduce_scatter": (
@@ -110,6 +110,9 @@ def rank_doc(
             )
             kargs: dict[str, Any] = {"grid": grid, "block": [384, 1, 1]}
             stream = _STREAMS["compute"]
+        elif meta.get("op") == "batch":
+            ev += _batch_ops(job, by_desc["PIPELINE_MODEL_PARALLEL_GROUP"], pid, host, corr, meta)
+            name, kargs, stream = _NCCL["p2p"], {}, _STREAMS["batch"]
         else:
             if tm.kind == "p2p":
                 g = by_desc["PIPELINE_MODEL_PARALLEL_GROUP"]
@@ -173,6 +176,32 @@ def rank_doc(
         "traceEvents": ev,
         "traceName": f"/tmp/rank{rank}.pt.trace.json",
     }
+
+
+def _batch_ops(
+    job: GpuJob, g: dict[str, Any], pid: int, host: float, corr: int, meta: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """What torch records for batch_isend_irecv: a `record_param_comms` per op (its group and
+    peer; it launches nothing), then `nccl:coalesced`, under which ncclGroupEnd launches the
+    one kernel: that kernel carries no group or peer of its own."""
+    out = []
+    for i, o in enumerate(meta["ops"]):
+        rpc: dict[str, Any] = {
+            "External id": 50_000_000 + 16 * corr + i,
+            "Collective name": o["op"],
+            "In msg nelems": int(o["nelems"]),
+            "Out msg nelems": int(o["nelems"]),
+            "Group size": len(g["ranks"]),
+            "dtype": "BFloat16",
+            "Process Group Name": g["pg_name"],
+            "Process Group Description": g["pg_desc"],
+            "Process Group Ranks": str(g["ranks"]),
+        }
+        if job.peers:
+            rpc["Dst Rank" if o["op"] == "send" else "Src Rank"] = int(o["peer"])
+        out.append(_x("cpu_op", "record_param_comms", pid, pid, host + 0.02 * i, 0.01, rpc))
+    out.append(_x("cpu_op", "nccl:coalesced", pid, pid, host + 0.2, 0.9, {"External id": corr}))
+    return out
 
 
 def _x(

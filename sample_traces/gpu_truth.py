@@ -135,7 +135,12 @@ def truth_of(
                     )
     means = {s: sum(v) / len(v) for s, v in stage_work.items()}
     sends = sum(
-        1 for lst in timed.values() for t in lst if t.kind == "p2p" and t.meta["op"] == "send"
+        1
+        for lst in timed.values()
+        for t in lst
+        if t.kind == "p2p"
+        for o in t.meta.get("ops", [t.meta])
+        if o["op"] == "send"
     )
     return {
         "p": job.pp,

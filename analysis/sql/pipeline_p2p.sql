@@ -2,8 +2,8 @@
 
 -- p2p ops of PP ranks in steps with no phase annotation, with the side they talk to.
 -- gloo: the issue op (peer in Concrete Inputs), a recv extended to the end of its wait span.
--- GPU: PP p2p kernels; the side is the peer column, else the neighbour stage whose p2p kernels
--- overlap this one most on the job clock (a send and its recv run together).
+-- GPU: PP p2p ops (`collectives`: a batched kernel gives one row per op); the side is the
+-- peer, else the neighbour stage whose p2p kernels overlap this one most on the job clock.
 CREATE OR REPLACE TEMP VIEW _pipeline_ops AS
 WITH todo AS MATERIALIZED (
   SELECT st.*, w.step, w.start_ns, w.end_ns FROM pipeline_stages st JOIN steps w USING (rank)
@@ -25,16 +25,17 @@ WITH todo AS MATERIALIZED (
               WHEN gi.peer_local = gi.next_rank THEN 'next' END AS dir
   FROM gi ASOF LEFT JOIN waits w ON w.rank = gi.rank AND w.tid = gi.tid AND gi.s <= w.s
 ), gk AS MATERIALIZED (
-  SELECT e.rank, e.step, e.ts_ns AS s, e.ts_ns + e.dur_ns AS e, e.coll_op, e.peer,
-         e.ts_ns + coalesce(r.clock_offset_ns, 0) AS a_s,
-         e.ts_ns + e.dur_ns + coalesce(r.clock_offset_ns, 0) AS a_e,
+  -- from `collectives`: one row per op (a batched kernel's ops each), peers inferred or given
+  SELECT c.rank, c.step, c.ts_ns AS s, c.end_ns AS e, c.op AS coll_op, c.peer,
+         c.ts_ns + coalesce(r.clock_offset_ns, 0) AS a_s,
+         c.end_ns + coalesce(r.clock_offset_ns, 0) AS a_e,
          st.pp_group, st.stage, st.prev_rank, st.next_rank, st.prev_ring, st.next_ring,
-         (e.rank, e.step) IN (SELECT (rank, step) FROM todo) AS wanted
-  FROM events e JOIN ranks r USING (rank) JOIN pipeline_stages st USING (rank)
-  LEFT JOIN process_groups g ON g.pg_name = e.pg_name
-  WHERE r.has_gpu AND e.device >= 0 AND e.kind = 'comm' AND e.step IS NOT NULL
-    AND e.coll_op IN ('send', 'recv', 'send_recv')
-    AND (e.pg_name IS NULL OR g.pg_name IS NULL OR g.parallelism = 'PP' OR g.ranks = st.pp_ranks)
+         (c.rank, c.step) IN (SELECT (rank, step) FROM todo) AS wanted
+  FROM collectives c JOIN ranks r USING (rank) JOIN pipeline_stages st USING (rank)
+  LEFT JOIN process_groups g ON g.pg_name = c.pg_name
+  WHERE r.has_gpu AND c.device >= 0 AND c.step IS NOT NULL
+    AND c.op IN ('send', 'recv', 'send_recv')
+    AND (c.pg_name IS NULL OR g.pg_name IS NULL OR g.parallelism = 'PP' OR g.ranks = st.pp_ranks)
     AND EXISTS (SELECT 1 FROM todo)
 ), side AS (
   SELECT a.rank, a.s,
@@ -89,7 +90,11 @@ WITH o AS MATERIALIZED (
   GROUP BY ALL
 ), seg AS (
   SELECT k.rank, k.step, coalesce(o.j, 0) AS j, k.s, k.e
-  FROM comp k ASOF LEFT JOIN o ON o.rank = k.rank AND o.step = k.step AND k.s >= o.s
+  -- ops that start together (one batched kernel) are one gap: the compute after them takes
+  -- the last of them
+  FROM comp k ASOF LEFT JOIN (SELECT rank, step, s, max(j) AS j, any_value(n) AS n
+                              FROM o GROUP BY ALL) o
+    ON o.rank = k.rank AND o.step = k.step AND k.s >= o.s
   LEFT JOIN cut ON cut.rank = k.rank AND cut.step = k.step
   WHERE cut.s IS NULL OR coalesce(o.j, 0) < o.n OR k.s < cut.s
 ), blk AS (

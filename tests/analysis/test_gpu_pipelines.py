@@ -26,6 +26,8 @@ SCENARIOS: dict[str, GpuJob] = {
     "1f1b_pp8_m16": GpuJob(pp=8, m=16, kernels_per_block=3, steps=1),
     "slow_stage3": GpuJob(pp=4, m=8, dp=2, stage_factor={3: 1.15}),
     "dp_into_bubbles": GpuJob(pp=4, m=8, dp=2, dp_overlap=True, dp_us=4000.0),
+    "1f1b_batched": GpuJob(pp=4, m=8, dp=2, tp=2, batched=True),
+    "interleaved_batched": GpuJob(pp=4, m=8, v=2, schedule="interleaved", batched=True),
 }
 
 

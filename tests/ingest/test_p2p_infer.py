@@ -8,12 +8,13 @@ hosts, so no DP or TP collective crosses hosts: only pipeline messages can align
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
 import pytest
-from ranklens.sample_traces.gpu_job import GpuJob, JobRun, write_job
+from ranklens.sample_traces.gpu_job import BASE_NS, GpuJob, JobRun, write_job
 
 Ingest = Callable[..., duckdb.DuckDBPyConnection]
 
@@ -24,12 +25,20 @@ JOBS: dict[str, GpuJob] = {
     "1f1b_pp8_m16": GpuJob(pp=8, m=16, kernels_per_block=3, steps=1, peers=False, ranks_per_host=2),
     "straggler_pp4": GpuJob(tp=2, dp=2, pp=4, m=8, rank_factor={9: 1.3}, peers=False),
     "with_peers": GpuJob(tp=2, dp=2, pp=4, m=8),
+    # batch_isend_irecv: one kernel per batch, its ops only on the host (with their peers)
+    "batched_1f1b": GpuJob(tp=2, dp=2, pp=4, m=8, batched=True),
+    "batched_interleaved": GpuJob(
+        tp=2, pp=4, m=8, v=2, schedule="interleaved", batched=True, ranks_per_host=2
+    ),
 }
 
 
-def _true_peers(run: JobRun, rank: int) -> list[tuple[str, int]]:
+def _true_peers(run: JobRun, rank: int) -> list[tuple[float, str, int]]:
+    """(start, op, peer) of each p2p op; the ops of a batch share their kernel's start."""
     ops = sorted((t for t in run.timed[rank] if t.kind == "p2p"), key=lambda t: t.start)
-    return [(str(t.meta["op"]), int(t.meta["peer"])) for t in ops]
+    return sorted(
+        (t.start, str(o["op"]), int(o["peer"])) for t in ops for o in t.meta.get("ops", [t.meta])
+    )
 
 
 @pytest.mark.parametrize("name", sorted(JOBS))
@@ -49,11 +58,21 @@ def test_peers_and_clocks_against_truth(name: str, tmp_path: Path, ingest: Inges
     assert sources == {want_source}
     for rank in range(job.world):
         got = con.execute(
-            """SELECT op, peer FROM collectives WHERE rank = ? AND op IN ('send', 'recv')
+            """SELECT ts_ns, op, peer FROM collectives WHERE rank = ? AND op IN ('send', 'recv')
                ORDER BY ts_ns""",
             [rank],
         ).fetchall()
-        assert [(str(o), int(p)) for o, p in got] == _true_peers(run, rank), rank
+        shift = job.shift_us(rank) * 1000 + BASE_NS
+        mine: dict[tuple[str, int], list[float]] = defaultdict(list)
+        for t, o, p in got:
+            mine[(str(o), int(p))].append((t - shift) / 1000)
+        want: dict[tuple[str, int], list[float]] = defaultdict(list)
+        for t, o, p in _true_peers(run, rank):
+            want[(o, p)].append(t)
+        assert sorted(mine) == sorted(want), rank  # the same (op, peer) pairs ...
+        for key, times in want.items():  # ... each as often, at the same times (1 µs)
+            assert len(mine[key]) == len(times), (rank, key)
+            assert all(abs(a - b) <= 1 for a, b in zip(sorted(mine[key]), times, strict=True))
     # Every send pairs with a recv of its peer (one instance = one message).
     bad = con.execute(
         """SELECT instance_id FROM collectives WHERE op IN ('send', 'recv') GROUP BY 1
