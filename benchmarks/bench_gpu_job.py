@@ -3,12 +3,12 @@
 Generates (once, cached in benchmarks/_work/) a Megatron-style job with the GPU job generator
 (`ranklens.sample_traces.gpu_job`: tp x dp x pp ranks, 1F1B, NCCL kernels on their own
 streams, per-host clock shifts, one injected straggler), then times what a user runs:
-`ranklens ingest DIR -o DB` and `ranklens report DB`, each in its own process (wall time and
-peak RSS of that process tree). Checks the results against the generator's truth: share of
-send/recv matched, the ranks named as stragglers (only the injected one), the largest bubble
-error as a share of the step, and the largest clock-offset error.
+`ranklens ingest DIR -o DB` and `ranklens report DB` (the text report), each in its own
+process (wall time and peak RSS of that process tree). Checks the results against the
+generator's truth: share of send/recv matched, the ranks named as stragglers (only the
+injected one), the largest bubble error as a share of the step, the largest clock error.
 
-Default: tp8 x dp32 x pp4 = 1,024 ranks, m = 8, 4 steps (about 3.4 M events).
+Default: tp8 x dp32 x pp4 = 1,024 ranks, m = 8, 4 steps (1.7 M events, 395 MB).
 HolisticTraceAnalysis has no p2p matching, bubbles or cross-host alignment, so there is no
 side-by-side figure here; bench_ingest.py and bench_analysis_hta.py compare with it on what
 both do.
@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import duckdb
+from ranklens.analysis import pipeline, stragglers
 from ranklens.sample_traces.gpu_job import GpuJob, write_job
 
 WORK = Path(__file__).resolve().parent / "_work"
@@ -72,7 +73,7 @@ def main() -> None:
     db.unlink(missing_ok=True)
     exe = [str(Path(sys.executable).with_name("ranklens"))]
     t_in, rss_in = _timed([*exe, "ingest", str(src), "-o", str(db)])
-    t_rep, rss_rep = _timed([*exe, "report", str(db), "--format", "json"])
+    t_rep, rss_rep = _timed([*exe, "report", str(db)])  # the text report a user reads
     con = duckdb.connect(str(db), read_only=True)
     events = con.execute("SELECT count(*) FROM events").fetchone()[0]  # type: ignore[index]
     p2p = con.execute(
@@ -81,20 +82,16 @@ def main() -> None:
     ).fetchone()
     offs = dict(con.execute("SELECT rank, clock_offset_ns FROM ranks").fetchall())
     clock_err = max(abs(offs[int(r)] - v) for r, v in truth["clock_offset_ns"].items())
-    con.close()
-    out = subprocess.run(
-        [*exe, "report", str(db), "--format", "json"], check=True, capture_output=True, text=True
-    ).stdout
-    rep = json.loads(out)
     named = sorted(
-        {r for f in rep["findings"] if f["code"] == "STRAGGLER_RANK" for r in f["ranks"]}
+        {r for f in stragglers.run(con).findings if f.code == "STRAGGLER_RANK" for r in f.ranks}
     )
     want = {(t["rank"], t["step"]): t for t in truth["per_rank_step"]}
     bubble_err = max(
         abs(row["bubble_ns"] - want[(row["rank"], row["step"])]["bubble_ns"])
         / want[(row["rank"], row["step"])]["window_ns"]
-        for row in rep["analyses"]["pipeline"]["table"]
+        for row in pipeline.run(con).table.iter_rows(named=True)
     )
+    con.close()
     print(
         f"job: {job.world} ranks (tp{a.tp} dp{a.dp} pp{a.pp}), m={a.m}, {a.steps} steps, "
         f"peers {'absent' if a.no_peers else 'in the trace'}"
@@ -110,10 +107,7 @@ def main() -> None:
     print(f"report: {t_rep:.1f} s, peak RSS {rss_rep:.2f} GB; ingest + report {t_in + t_rep:.1f} s")
     print(f"p2p matched: {p2p[0]:,} of {p2p[1]:,}; clock error max {clock_err / 1e3:.1f} µs")  # type: ignore[index]
     print(f"bubble error max: {bubble_err:.4f} of the step")
-    print(
-        f"stragglers named: {named} (injected: {sorted(job.rank_factor)}); "
-        f"findings: {len(rep['findings'])}"
-    )
+    print(f"stragglers named: {named} (injected: {sorted(job.rank_factor)})")
 
 
 if __name__ == "__main__":

@@ -160,10 +160,12 @@ SELECT c.rank, c.steps, coalesce(x.instances, 0) AS instances,
        (coalesce(h.late_count, 0) - x.exp_late) / nullif(x.sd_late, 0) AS late_z,
        coalesce(h.held_back_ns, 0)::BIGINT AS held_back_ns,
        coalesce(x.waited_ns, 0)::BIGINT AS waited_ns,
-       ((coalesce(h.held_back_ns, 0) - coalesce(x.waited_ns, 0)) / c.steps)::BIGINT
-         AS net_held_back_per_step_ns,
-       (coalesce(h.held_back_ns, 0) - coalesce(x.waited_ns, 0)) / nullif(s.window_ns, 0)
-         AS net_held_back_share,
+       -- never more than the step: instances that overlap (two streams) can hold the same
+       -- delay twice, and a figure above the step is one no engineer would believe
+       least((coalesce(h.held_back_ns, 0) - coalesce(x.waited_ns, 0)) / c.steps,
+             coalesce(s.window_ns, 0) / c.steps)::BIGINT AS net_held_back_per_step_ns,
+       least((coalesce(h.held_back_ns, 0) - coalesce(x.waited_ns, 0)) / nullif(s.window_ns, 0),
+             1.0) AS net_held_back_share,
        coalesce(h.caused_wait_ns, 0)::BIGINT AS caused_wait_ns,
        coalesce(s.exposed_wait_ns, 0)::BIGINT AS exposed_wait_ns,
        coalesce(s.exposed_transfer_ns, 0)::BIGINT AS exposed_transfer_ns,

@@ -75,3 +75,22 @@ def test_report_of_many_ranks_shows_the_evidence(tmp_path: Path) -> None:
     assert rank_rows, out
     assert "16 PP groups: 1f1b, p=4, m=8" in out
     assert not [ln for ln in out.splitlines() if ln.strip().startswith("PP group ")]
+
+
+@pytest.mark.slow
+def test_one_straggler_of_1024_named_alone(tmp_path: Path, ingest: Ingest) -> None:
+    """tp8 x dp32 x pp4 = 1,024 ranks on 128 hosts, without p2p peers in the traces (inferred),
+    rank 257 (stage 1) 1.3x slower: every send/recv matched, clocks of the stage hosts linked
+    through p2p, the straggler named and no other rank, one finding."""
+    job = GpuJob(tp=8, dp=32, pp=4, m=4, steps=2, rank_factor={257: 1.3}, peers=False)
+    run = write_job(job, tmp_path / "run")
+    con = ingest([tmp_path / "run"], workers=2)
+    status = dict(con.execute("SELECT status, count(*) FROM collectives GROUP BY 1").fetchall())
+    assert set(status) == {"matched"}, status
+    offsets = dict(con.execute("SELECT rank, clock_offset_ns FROM ranks").fetchall())
+    want = run.truth["clock_offset_ns"]
+    assert max(abs(offsets[r] - want[str(r)]) for r in offsets) <= 1_000
+    res = stragglers.run(con)
+    assert [f.ranks for f in res.findings if f.code == "STRAGGLER_RANK"] == [(257,)]
+    window = max(r["window_ns"] for r in run.truth["per_rank_step"])
+    assert (res.table["net_held_back_per_step_ns"] <= window).all()
