@@ -9,8 +9,8 @@ when the schedule is interleaved), so each op has at most two candidate peers.
    and stream, so a rank's unknown-peer ops fall into one class per stream, and the classes of
    two neighbours that talk to each other explain each other: a large NCCL send ends with its
    recv, so nearly every op of one class has an op of the other kind ending at one constant
-   clock difference. Classes of adjacent ranks are paired when each is the other's best
-   explanation; every op then takes its class's peer and matching pairs them in order.
+   clock difference. Class pairs of adjacent ranks are taken best explained first, each class
+   once; every op then takes its class's peer and matching pairs them in order.
 2. Per op (what stays): on the aligned clock, the recv of the same size on an adjacent stage
    whose end is nearest the send's. Pairs are taken best first, each op once; what stays
    unpaired keeps status `peer_unknown`.
@@ -33,8 +33,9 @@ _MAX_TOL_NS = 1_000_000
 # missing, its neighbours' messages to it must stay unpaired, not go round the ring.
 _UNKNOWN = """
 CREATE OR REPLACE TEMP TABLE _p2p_u AS
-SELECT row_number() OVER () - 1 AS id, c.rank, c.op, c.step, c.ts_ns, c.stream, c.pg_name,
-       c.end_ns, c.end_ns + coalesce(k.clock_offset_ns, 0) AS aend,
+SELECT row_number() OVER (ORDER BY c.rank, c.ts_ns, c.stream, c.op) - 1 AS id,
+       c.rank, c.op, c.step, c.ts_ns, c.stream, c.pg_name, c.end_ns,
+       c.end_ns + coalesce(k.clock_offset_ns, 0) AS aend,
        coalesce(c.bytes, c.nelems) AS size, list_position(g.ranks, c.rank) AS pos,
        len(g.ranks) AS n, list_has_all((SELECT list(rank) FROM ranks), g.ranks) AS complete
 FROM collectives c JOIN process_groups g USING (pg_name) LEFT JOIN ranks k USING (rank)
@@ -125,6 +126,7 @@ def candidate_pairs(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     the clock links read before peers are known (the true pairs pile up at one offset)."""
     con.execute(_UNKNOWN)
     df = pl.from_arrow(con.sql(f"SELECT a, ea, b, eb FROM ({_ADJACENT})").to_arrow_table())
+    con.execute("DROP TABLE IF EXISTS _p2p_u")
     assert isinstance(df, pl.DataFrame)
     return df
 
