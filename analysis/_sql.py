@@ -25,7 +25,9 @@ def apply_sql(con: duckdb.DuckDBPyConnection, *names: str) -> None:
     stay ASOF joins: DuckDB turns one whose left side it *estimates* small into a nested loop
     (asof_loop_join_threshold), and its estimate of a materialized CTE can be far too small
     (the pipeline blocks of 1,024 ranks: 35 s as a loop, 0.7 s as an ASOF join)."""
-    con.execute("SET asof_loop_join_threshold = 0")
+    # a sandboxed connection (sql_console.safe_connect) has it from its config, locked
+    if con.execute("SELECT current_setting('asof_loop_join_threshold')").fetchone() != (0,):
+        con.execute("SET asof_loop_join_threshold = 0")
     for name in names:
         con.execute(sql_text(name))
     _redirect(con, _held(con))

@@ -4,7 +4,7 @@ Why pure and here: CI keys on the verdicts, so they must come from the same numb
 shows. Each metric is a query returning (subject, value) rows — a subject is a rank, a stage or
 a (rank, parallelism) pair — and a check passes when every row is within its threshold.
 Metrics whose analysis did not produce data (e.g. no pipeline) are reported as "skipped" with
-the reason, never as passed.
+the reason, never as passed, and fail the gate unless the caller allows skipped checks.
 """
 
 from __future__ import annotations
@@ -177,6 +177,22 @@ def _evaluate(con: duckdb.DuckDBPyConnection, config: CheckConfig) -> list[Verdi
 
 def _skipped(name: str, label: str, limit: float, source: str, why: str) -> Verdict:
     return Verdict(name, label, limit, "skipped", None, None, f"{label}: skipped, {why}", source)
+
+
+def unevaluated_fail(verdicts: list[Verdict]) -> list[Verdict]:
+    """A requested check the run has no data for fails the gate (an empty or all-skipped run
+    must not pass CI by accident); `--allow-skipped` keeps them as skipped instead."""
+    return [
+        replace(
+            v,
+            status="fail",
+            message=f"{v.message}: could not be evaluated, so it fails "
+            "(--allow-skipped accepts checks without data)",
+        )
+        if v.status == "skipped"
+        else v
+        for v in verdicts
+    ]
 
 
 def exit_code(verdicts: list[Verdict]) -> int:

@@ -33,6 +33,7 @@ def run_facts(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     ranks = query_pl(con, "SELECT * FROM ranks ORDER BY rank")
     steps = query_pl(con, "SELECT DISTINCT step FROM steps ORDER BY step")
     skipped = query_pl(con, "SELECT path, error FROM sources WHERE status = 'skipped'")
+    warnings = query_pl(con, "SELECT value FROM meta WHERE key LIKE 'warning.%' ORDER BY key")
     fmts = query_pl(con, "SELECT DISTINCT format FROM sources WHERE status = 'ok'")
     sizes = ranks["world_size"].drop_nulls().to_list() if ranks.height else []
     world = max(int(w) for w in sizes) if sizes else None
@@ -47,8 +48,18 @@ def run_facts(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
         "formats": fmts["format"].to_list(),
         "devices": devices,
         "cpu_only": bool(ranks.height) and not any(ranks["has_gpu"].to_list()),
-        "skipped": [dict(r) for r in skipped.iter_rows(named=True)],
+        "skipped": [
+            {**r, "message": _names_file(r["path"], r["error"] or "")}
+            for r in skipped.iter_rows(named=True)
+        ],
+        # what the ingest found suspicious (kept, but probably wrong): see ingest/sanity.py
+        "warnings": warnings["value"].to_list(),
     }
+
+
+def _names_file(path: str, error: str) -> str:
+    """The error as one line that names the file once (reader errors start with it)."""
+    return error if path in error else f"{path}: {error}"
 
 
 def build_report(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] | None = None) -> Report:

@@ -11,8 +11,9 @@ from typing import Annotated
 
 import typer
 from ranklens.ingest import RanklensError
-from ranklens.ingest.config import RunOptions, pyproject_section, resolve_options
+from ranklens.ingest.run import OpenOptions, resolve_open_options
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from ranklens import __version__
@@ -26,9 +27,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts are plain: "[tool.ranklens]" must not read as markup
 )
 out = Console(soft_wrap=False)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # one line per message: greppable CI logs
 state = {"debug": False}
 
 FormatOpt = Annotated[
@@ -36,6 +38,10 @@ FormatOpt = Annotated[
 ]
 SkipBadOpt = Annotated[
     bool, typer.Option("--skip-bad", help="Skip unreadable files (listed in the report).")
+]
+WorkersOpt = Annotated[
+    int | None,
+    typer.Option("--workers", min=1, help="Decoding processes (default: CPUs, at most 8)."),
 ]
 AllowMixedOpt = Annotated[
     bool,
@@ -74,22 +80,43 @@ def progress_bar() -> Progress:
     )
 
 
-def run_options(no_align: bool, offsets: Path | None, layout: str | None) -> RunOptions:
-    """Cross-rank options: flags, else [tool.ranklens] of ./pyproject.toml, else defaults."""
+def open_options(
+    skip_bad: bool = False,
+    workers: int | None = None,
+    allow_mixed: bool = False,
+    no_align: bool = False,
+    offsets: Path | None = None,
+    layout: str | None = None,
+) -> OpenOptions:
+    """How every command opens a run: flags, else [tool.ranklens] of ./pyproject.toml."""
     try:
-        return resolve_options(
-            no_align=no_align, offsets_file=offsets, layout=layout, section=pyproject_section()
+        return resolve_open_options(
+            skip_bad=skip_bad,
+            workers=workers,
+            allow_mixed=allow_mixed,
+            no_align=no_align,
+            offsets=offsets,
+            layout=layout,
         )
     except RanklensError as exc:
         raise fail(exc) from None
 
 
+def internal_error(exc: BaseException) -> int:
+    """The last resort for an exception no layer foresaw: one line, never a traceback (those
+    are for --debug), exit 1."""
+    what = (str(exc).splitlines() or [""])[0][:300]
+    err.print(f"[bold red]error:[/] internal error: {type(exc).__name__}: {escape(what)}")
+    err.print("[bold]hint:[/] run again with --debug for the traceback and report it")
+    return 1
+
+
 def fail(exc: RanklensError) -> typer.Exit:
     if state["debug"]:
         raise exc
-    err.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+    err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
     if exc.hint:
-        err.print(f"[bold]hint:[/] {exc.hint}", highlight=False)
+        err.print(f"[bold]hint:[/] {escape(exc.hint)}", highlight=False)
     return typer.Exit(1)
 
 

@@ -12,13 +12,19 @@ from ranklens.analysis import check as check_mod
 from ranklens.analysis import check_config
 from ranklens.cli import capture_run, check_render
 from ranklens.cli.app import (
+    AllowMixedOpt,
+    LayoutOpt,
+    NoAlignOpt,
+    OffsetsOpt,
     SkipBadOpt,
+    WorkersOpt,
     app,
     fail,
+    open_options,
     out,
 )
 from ranklens.ingest import RanklensError
-from ranklens.ingest.database import open_run
+from ranklens.ingest.run import open_run
 
 _THRESHOLD_HELP = "Fraction (0.25) or percentage (25%)."
 
@@ -66,10 +72,23 @@ def check(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Say where each threshold came from.")
     ] = False,
+    allow_skipped: Annotated[
+        bool,
+        typer.Option(
+            "--allow-skipped",
+            help="Pass checks the run has no data for (by default they fail: exit 3).",
+        ),
+    ] = False,
     skip_bad: SkipBadOpt = False,
+    workers: WorkersOpt = None,
+    allow_mixed: AllowMixedOpt = False,
+    no_align: NoAlignOpt = False,
+    offsets: OffsetsOpt = None,
+    layout: LayoutOpt = None,
 ) -> None:
     """Fail a CI job (exit 3) when bubbles, exposed communication or regressions pass a
-    threshold. Thresholds: flag > --config / [tool.ranklens.check] > none."""
+    threshold, or a requested check has no data. Thresholds: flag > --config /
+    [tool.ranklens.check] > none."""
     if fmt not in check_render.CHECK_FORMATS:
         raise typer.BadParameter(f"unknown format {fmt!r}; use {check_render.CHECK_FORMATS}")
     flags = {
@@ -82,16 +101,17 @@ def check(
         "max_align_residual_us": max_align_residual_us,
         "max_regression": max_regression,
     }
+    opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
     try:
         cfg = check_config.resolve(flags, config)
         if baseline is not None and "max_regression" not in cfg.values:
             cfg = check_config.resolve({**flags, "max_regression": "5%"}, config)
-        with open_run(source, on_error="skip" if skip_bad else "raise") as (con, _):
-            verdicts = check_mod.evaluate(con, cfg)
+        with open_run(source, opts) as run:
+            verdicts = check_mod.evaluate(run.con, cfg)
             regressions: list[str] = []
             if baseline is not None:
-                with open_run([baseline]) as (bcon, _):
-                    changes = baseline_mod.compare(con, bcon, cfg.values["max_regression"])
+                with open_run([baseline], opts, for_baseline=True) as base:
+                    changes = baseline_mod.compare(run.con, base.con, cfg.values["max_regression"])
                 regressions = baseline_mod.summarize(changes)
                 verdicts.append(
                     baseline_mod.verdict(
@@ -100,6 +120,8 @@ def check(
                 )
     except RanklensError as exc:
         raise fail(exc) from None
+    if not allow_skipped:
+        verdicts = check_mod.unevaluated_fail(verdicts)
     if fmt == "json":
         out.out(check_render.as_json(verdicts, regressions), highlight=False)
     elif fmt == "junit":

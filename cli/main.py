@@ -14,8 +14,8 @@ from typing import Annotated
 import typer
 from ranklens.analysis import BY_NAME
 from ranklens.analysis.report import build_report
-from ranklens.analysis.sql_console import SqlError, run_sql
-from ranklens.analysis.views import install_views
+from ranklens.analysis.sql_console import run_sql
+from ranklens.analysis.views import store_views
 from ranklens.cli import render
 from ranklens.cli.app import (
     AllowMixedOpt,
@@ -24,17 +24,21 @@ from ranklens.cli.app import (
     NoAlignOpt,
     OffsetsOpt,
     SkipBadOpt,
+    WorkersOpt,
     app,
     err,
     fail,
+    internal_error,
+    open_options,
     out,
     progress_bar,
-    run_options,
+    state,
 )
-from ranklens.ingest import RanklensError, load_traces
-from ranklens.ingest.config import RunOptions
-from ranklens.ingest.database import open_run
+from ranklens.ingest import RanklensError
+from ranklens.ingest.lifecycle import EXIT_TERMINATED, handle_sigterm, was_terminated
+from ranklens.ingest.run import OpenOptions, ingest_traces, open_run
 from rich.console import Console
+from rich.markup import escape
 
 
 @app.command()
@@ -42,56 +46,43 @@ def ingest(
     inputs: Annotated[list[str], typer.Argument(help="Run directory, glob, or trace files.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="DuckDB file to write.")],
     skip_bad: SkipBadOpt = False,
-    workers: Annotated[int | None, typer.Option(help="Worker processes (default: CPUs).")] = None,
+    workers: WorkersOpt = None,
     allow_mixed: AllowMixedOpt = False,
     no_align: NoAlignOpt = False,
     offsets: OffsetsOpt = None,
     layout: LayoutOpt = None,
 ) -> None:
     """Load one trace per rank (Kineto JSON/.json.gz, Nsight SQLite) into a DuckDB file."""
-    opts = run_options(no_align, offsets, layout)
+    opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
     try:
         with progress_bar() as prog:
             task = prog.add_task("ingesting", total=None)
-            rep = load_traces(
-                inputs,
+            rep = ingest_traces(
+                list(inputs),
                 output,
-                on_error="skip" if skip_bad else "raise",
-                workers=workers,
+                opts,
                 progress=lambda done, total: prog.update(task, completed=done, total=total),
-                options=opts,
-                allow_mixed=allow_mixed,
+                finalize=store_views,  # the views go in before the one atomic rename
             )
-        install_views(output)
     except RanklensError as exc:
         raise fail(exc) from None
     out.print(f"ingested {len(rep.ranks)} rank(s), {rep.n_events:,} events -> {output}")
     for s in rep.skipped:
-        err.print(f"[yellow]skipped:[/] {s.path}: {s.reason}", highlight=False)
+        err.print(f"[yellow]skipped:[/] {escape(s.message)}", highlight=False)
     for w in rep.warnings:
-        err.print(f"[yellow]warning:[/] {w}", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
 
 
-def _report(
-    source: list[str],
-    fmt: str,
-    skip_bad: bool,
-    opts: RunOptions | None = None,
-    allow_mixed: bool = False,
-) -> None:
+def _report(source: list[str], fmt: str, opts: OpenOptions) -> None:
     if fmt not in render.FORMATS:
         raise typer.BadParameter(f"unknown format {fmt!r}; use one of {render.FORMATS}")
     try:
         with progress_bar() as prog:
             task = prog.add_task("ingesting", total=None)
             with open_run(
-                source,
-                on_error="skip" if skip_bad else "raise",
-                progress=lambda d, t: prog.update(task, completed=d, total=t),
-                options=opts,
-                allow_mixed=allow_mixed,
-            ) as (con, _):
-                rep = build_report(con)
+                source, opts, progress=lambda d, t: prog.update(task, completed=d, total=t)
+            ) as run:
+                rep = build_report(run.con)
     except RanklensError as exc:
         raise fail(exc) from None
     if fmt == "json":
@@ -109,6 +100,7 @@ def report(
     source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
     fmt: FormatOpt = "table",
     skip_bad: SkipBadOpt = False,
+    workers: WorkersOpt = None,
     allow_mixed: AllowMixedOpt = False,
     no_align: NoAlignOpt = False,
     offsets: OffsetsOpt = None,
@@ -116,7 +108,7 @@ def report(
 ) -> None:
     """Findings ranked by time at stake, then per-rank breakdown, overlap and parallelism,
     alignment quality and stragglers. Alignment/layout options apply to trace inputs."""
-    _report(source, fmt, skip_bad, run_options(no_align, offsets, layout), allow_mixed)
+    _report(source, fmt, open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout))
 
 
 @app.command()
@@ -125,6 +117,9 @@ def analyze(
     source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
     fmt: FormatOpt = "table",
     table: Annotated[str | None, typer.Option(help="Secondary table (e.g. by_group).")] = None,
+    skip_bad: SkipBadOpt = False,
+    workers: WorkersOpt = None,
+    allow_mixed: AllowMixedOpt = False,
     no_align: NoAlignOpt = False,
     offsets: OffsetsOpt = None,
     layout: LayoutOpt = None,
@@ -132,10 +127,10 @@ def analyze(
     """Run one analysis and print its table (or a secondary table) and findings."""
     if name not in BY_NAME:
         raise typer.BadParameter(f"unknown analysis {name!r}; choose from {', '.join(BY_NAME)}")
-    opts = run_options(no_align, offsets, layout)
+    opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
     try:
-        with open_run(source, options=opts) as (con, _):
-            res = BY_NAME[name].run(con)
+        with open_run(source, opts) as run:
+            res = BY_NAME[name].run(run.con)
     except RanklensError as exc:
         raise fail(exc) from None
     df = res.table if table is None else res.tables.get(table)
@@ -149,26 +144,28 @@ def analyze(
 
 @app.command()
 def sql(
-    database: Annotated[Path, typer.Argument(help="A ranklens DuckDB file.")],
+    database: Annotated[
+        str, typer.Argument(help="A ranklens DuckDB file, or trace inputs (a directory, a glob).")
+    ],
     query: Annotated[str, typer.Argument(help="SQL over tables and analysis views.")],
     fmt: Annotated[
         str, typer.Option("--format", "-f", help="table, csv, json or parquet.")
     ] = "table",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="File (parquet).")] = None,
     max_rows: Annotated[int, typer.Option(help="Row limit for table output.")] = 1000,
+    skip_bad: SkipBadOpt = False,
+    workers: WorkersOpt = None,
+    allow_mixed: AllowMixedOpt = False,
+    no_align: NoAlignOpt = False,
+    offsets: OffsetsOpt = None,
+    layout: LayoutOpt = None,
 ) -> None:
     """Read-only SQL over the run: tables (events, steps, ranks, ...) and analysis views."""
+    opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
     try:
-        df = run_sql(database, query, max_rows=None if fmt != "table" else max_rows)
-    except SqlError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        err.print(
-            "[bold]hint:[/] tables: meta, sources, ranks, process_groups, events, "
-            "steps, threads; views: <analysis>_by_step, ...",
-            highlight=False,
-        )
-        raise typer.Exit(1) from None
-    except RanklensError as exc:
+        with open_run([database], opts) as run:  # the console opens run.db_path sandboxed
+            df = run_sql(run.db_path, query, max_rows=None if fmt != "table" else max_rows)
+    except RanklensError as exc:  # SqlError's hint names the tables or how to narrow the query
         raise fail(exc) from None
     if fmt == "parquet":
         if output is None:
@@ -200,7 +197,7 @@ def demo(
             RanklensError(f"no bundled scenario {scenario!r}", f"choose one of: {', '.join(names)}")
         )
     err.print(f"demo: {scenario} ({len(list(raw.iterdir()))} rank files in {raw})")
-    _report([str(raw)], fmt, False, run_options(False, None, layout))
+    _report([str(raw)], fmt, open_options(layout=layout))
 
 
 @app.command()
@@ -211,17 +208,23 @@ def dashboard(
         str, typer.Option(help="Interface to bind; 127.0.0.1 keeps it to this machine.")
     ] = "127.0.0.1",
     skip_bad: SkipBadOpt = False,
+    workers: WorkersOpt = None,
+    allow_mixed: AllowMixedOpt = False,
+    no_align: NoAlignOpt = False,
+    offsets: OffsetsOpt = None,
+    layout: LayoutOpt = None,
 ) -> None:
     """Serve the dashboard: overview, aligned timeline, pipeline, communication, contention and
     stragglers, findings, read-only SQL. Trace inputs are ingested into a temporary database."""
     from ranklens.dashboards.server import serve  # dash loads only for this command
 
+    opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
     try:
         serve(
             source,
+            opts,
             host=host,
             port=port,
-            on_error="skip" if skip_bad else "raise",
             log=lambda msg: err.print(msg, highlight=False),
         )
     except RanklensError as exc:
@@ -233,9 +236,26 @@ from ranklens.cli import ci_commands  # noqa: E402, F401
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: SIGTERM unwinds like Ctrl+C (cleanup runs, exit 143), and
+    nothing unforeseen ends in a traceback unless --debug asks for it."""
+    handle_sigterm()
     try:
         app()
+    except SystemExit as exc:
+        # Typer ends Ctrl+C (and SIGTERM, already unwound) with 130; a server that swallowed
+        # the interrupt (werkzeug) returns normally. Either way a SIGTERM'd run ends with 143.
+        if was_terminated():
+            err.print("terminated")
+            sys.exit(EXIT_TERMINATED)
+        if exc.code == 130:
+            err.print("interrupted")
+        raise
     except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
+        err.print("terminated" if was_terminated() else "interrupted")
+        sys.exit(EXIT_TERMINATED if was_terminated() else 130)
+    except GeneratorExit:
+        raise
+    except BaseException as exc:  # also native panics (pyo3's PanicException)
+        if state["debug"]:
+            raise
+        sys.exit(internal_error(exc))

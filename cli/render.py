@@ -10,6 +10,7 @@ from typing import Any
 import polars as pl
 from ranklens.analysis.report import Report, focus_ranks
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 FORMATS = ("table", "json", "csv", "markdown")
@@ -157,7 +158,9 @@ def render_table(report: Report, console: Console) -> None:
     if f["missing_ranks"]:
         console.print(f"[yellow]missing ranks:[/] {f['missing_ranks']} (no trace was given)")
     for s in f["skipped"]:
-        console.print(f"[yellow]skipped:[/] {s['path']}: {s['error']}")
+        console.print(f"[yellow]skipped:[/] {escape(s['message'])}", highlight=False)
+    for w in f.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
     if f["cpu_only"]:
         console.print(
             "[dim]CPU-only (gloo) run: host ops count as compute; treat durations as "
@@ -276,6 +279,8 @@ def report_markdown(report: Report) -> str:
     f = report.facts
     lines.append(f"ranks: {len(f['ranks'])}, steps: {f['steps']}, devices: {f['devices'] or 'CPU'}")
     lines += [f"- {line}" for line in cross_rank_lines(f, markup=False)]
+    lines += [f"- skipped: {s['message']}" for s in f["skipped"]]
+    lines += [f"- warning: {w}" for w in f.get("warnings", [])]
     lines += [
         "",
         "## Findings",
@@ -310,8 +315,11 @@ def report_markdown(report: Report) -> str:
 
 def frame_out(df: pl.DataFrame, fmt: str, console: Console, title: str | None = None) -> None:
     """Print one DataFrame in the chosen format."""
+    # csv and json go to the file as they are: rich would lay out (and colour) every
+    # character, which takes minutes and gigabytes for a few MB of rows.
     if fmt == "json":
-        console.print_json(json.dumps(df.to_dicts(), default=str))
+        text = json.dumps(df.to_dicts(), default=str, indent=2, ensure_ascii=False)
+        console.file.write(text + "\n")
     elif fmt == "csv":
         buf = io.StringIO()
         # CSV has no nested values: lists/structs (e.g. process_groups.ranks) become JSON text.
@@ -323,7 +331,7 @@ def frame_out(df: pl.DataFrame, fmt: str, console: Console, title: str | None = 
             )
             for c in nested
         ).write_csv(buf)
-        console.out(buf.getvalue(), end="")
+        console.file.write(buf.getvalue())
     elif fmt == "markdown":
         console.out("| " + " | ".join(df.columns) + " |", highlight=False)
         console.out("|" + "---|" * len(df.columns), highlight=False)

@@ -39,16 +39,19 @@ CARD = {
 CELL = {"flex": "1 1 480px", "minWidth": "0"}
 
 
-def register_page(module: str, *, layout: Callable[..., Any], **kwargs: Any) -> None:
+def register_page(
+    module: str, *, layout: Callable[..., Any], keep: bool = True, **kwargs: Any
+) -> None:
     """dash.register_page, typed (pages call it from their `register(app)`), the page kept
     per run and URL query: a page draws analysis results, which never change while the run
-    is served, so the same query is the same page (tables and figures take a while)."""
+    is served, so the same query is the same page (tables and figures take a while).
+    `keep=False` for a page that shows what a user asked for (the SQL console's results)."""
 
     def kept(**query: Any) -> Any:
         key = ("page", module, tuple(sorted((k, str(v)) for k, v in query.items())))
         return current().memo(key, lambda: layout(**query))
 
-    dash.register_page(module, layout=kept, **kwargs)  # type: ignore[no-untyped-call]
+    dash.register_page(module, layout=kept if keep else layout, **kwargs)  # type: ignore[no-untyped-call]
 
 
 def figure(data: RunData, key: Hashable, build: Callable[[], go.Figure]) -> dict[str, Any]:

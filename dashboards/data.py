@@ -4,8 +4,9 @@ Why one object per app: the factory gets a database path and nothing may be load
 time; pages and callbacks reach this object through the Flask app that serves the request, so
 several apps (tests) can live in one process. Results are computed once (analyses can take
 seconds on a large run) and shared by every page; every caller gets its own cursor because one
-DuckDB connection is not safe across threads. The connection is the SQL console's sandbox
-(read-only, no file access, no extensions), so no page can do more than the console can.
+DuckDB connection is not safe across threads. The connection is sandboxed like the SQL
+console's (read-only, no file access, no extensions), so no page can do more than the console
+can; the console's own queries run in processes of their own (analysis.sql_isolated).
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import duckdb
@@ -23,7 +23,6 @@ from ranklens.analysis import BY_NAME, REGISTRY, Result
 from ranklens.analysis import timeline as tl
 from ranklens.analysis.report import Report, build_report, run_facts
 from ranklens.analysis.sql_console import safe_connect
-from ranklens.analysis.views import apply_all_views
 
 CONFIG_KEY = "RANKLENS_RUN"
 MEMO_SIZE = 64  # pages and figures kept per run (each page and deep link, a few figures)
@@ -34,13 +33,12 @@ class RunData:
 
     def __init__(self, db_path: str | os.PathLike[str]) -> None:
         self.db_path = str(db_path)
-        self._con = safe_connect(self.db_path)
+        self._con = safe_connect(self.db_path, memory_limit=None)  # runs no user text
         self._lock = threading.RLock()
         self._report: Report | None = None
         self._errors: dict[str, str] = {}
         self._extent: tl.Extent | None = None
         self._cache: dict[str, Any] = {}
-        self._pool: list[duckdb.DuckDBPyConnection] = []
         self._memo: OrderedDict[Hashable, Any] = OrderedDict()
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -48,24 +46,7 @@ class RunData:
         with self._lock:
             return self._con.cursor()
 
-    @contextmanager
-    def sql_cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A cursor with every analysis view installed, borrowed from a small pool (installing
-        the views takes a while; one cursor serves one query at a time)."""
-        with self._lock:
-            cur = self._pool.pop() if self._pool else None
-        if cur is None:
-            cur = self.cursor()
-            apply_all_views(cur)
-        try:
-            yield cur
-        finally:
-            with self._lock:
-                self._pool.append(cur)
-
     def close(self) -> None:
-        for cur in self._pool:
-            cur.close()
         self._con.close()
 
     def report(self) -> Report:

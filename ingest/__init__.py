@@ -2,5 +2,16 @@
 
 from ranklens.ingest.errors import RanklensError
 from ranklens.ingest.loader import IngestReport, Skipped, find_traces, load_traces
+from ranklens.ingest.run import OpenOptions, Run, open_run, resolve_open_options
 
-__all__ = ["IngestReport", "RanklensError", "Skipped", "find_traces", "load_traces"]
+__all__ = [
+    "IngestReport",
+    "OpenOptions",
+    "RanklensError",
+    "Run",
+    "Skipped",
+    "find_traces",
+    "load_traces",
+    "open_run",
+    "resolve_open_options",
+]

@@ -25,9 +25,10 @@ typedef unsigned char u8;
 /* ------------------------------------------------------------------ rows */
 
 static int to_ns(Parser *ps, double x, int64_t *out) {
-    /* as kineto_events._us_to_ns: exact integer-µs part plus the rounded sub-µs part */
+    /* as kineto_events._us_to_ns: exact integer-µs part plus the rounded sub-µs part; beyond
+     * its US_LIMIT (2^62 ns) the reference decoder names the event as out of range */
     double w = floor(x);
-    if (!(fabs(w) < 9.0e15)) FAIL(ps, "timestamp out of range");
+    if (!(fabs(w) < 4611686018427387.0)) FAIL(ps, "timestamp out of range");
     *out = (int64_t)w * 1000 + (int64_t)rint((x - w) * 1000.0);
     return 0;
 }

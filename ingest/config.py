@@ -48,6 +48,17 @@ class Layout:
             n *= v
         return n
 
+    def check_fits(self, world_size: int | None, max_rank: int) -> None:
+        """Raise unless the layout can describe this run: its product is the world size (or,
+        with none recorded, covers every rank present)."""
+        n = self.world_size
+        if (world_size is not None and n != world_size) or n <= max_rank:
+            have = f"world size {world_size}" if world_size is not None else f"rank {max_rank}"
+            raise ConfigError(
+                f"layout {self.describe()} describes {n} ranks, but the run has {have}",
+                "give sizes whose product is the world size (e.g. tp=2,pp=2,dp=2 for 8 ranks)",
+            )
+
     def describe(self) -> str:
         dims = ",".join(f"{d}={self.sizes[d]}" for d in self.order if d in self.sizes)
         return f"{dims},order={'-'.join(d for d in self.order if d in self.sizes)}"
@@ -104,6 +115,8 @@ def parse_layout(text: str) -> Layout:
         key = _ALIASES.get(key, key)
         if key not in DIM_LABEL:
             raise ConfigError(f"unknown layout dimension {key!r}", _LAYOUT_HINT)
+        if key in sizes:
+            raise ConfigError(f"layout gives {key} twice ({text!r})", _LAYOUT_HINT)
         if not val.strip().isdigit() or int(val) < 1:
             raise ConfigError(f"layout size {part!r} is not a positive integer", _LAYOUT_HINT)
         sizes[key] = int(val)
@@ -114,6 +127,8 @@ def parse_layout(text: str) -> Layout:
     unknown = [d for d in order if d not in DIM_LABEL]
     if unknown:
         raise ConfigError(f"unknown dimension(s) {unknown} in layout order", _LAYOUT_HINT)
+    if len(set(order)) != len(order):
+        raise ConfigError(f"layout order {'-'.join(order)} repeats a dimension", _LAYOUT_HINT)
     missing = [d for d in sizes if d not in order]
     if missing:
         raise ConfigError(f"layout order {'-'.join(order)} misses {missing}", _LAYOUT_HINT)
@@ -146,8 +161,18 @@ def read_offsets(path: str | os.PathLike[str]) -> dict[int | str, int]:
     for key, val in flat.items():
         if not isinstance(val, int | float) or isinstance(val, bool):
             raise ConfigError(f"{path}: offset of {key!r} is not a number", _OFFSETS_HINT)
+        if not abs(val) < OFFSET_LIMIT_NS:  # also NaN and inf (JSON's 1e400)
+            raise ConfigError(
+                f"{path}: offset of {key!r} ({val:g} ns) is out of range (|offset| must be "
+                f"below {OFFSET_LIMIT_NS:.3g} ns)",
+                _OFFSETS_HINT,
+            )
         out[int(key) if str(key).lstrip("-").isdigit() else str(key)] = int(val)
     return out
+
+
+# Clock offsets stay below 2^61 ns so that offset + start + duration fits int64 (sanity.py).
+OFFSET_LIMIT_NS = 2**61
 
 
 _OFFSETS_HINT = (

@@ -1,22 +1,17 @@
-"""Open a run for reading: an existing ranklens database, or trace files ingested on the fly.
+"""Recognize and open a ranklens database read-only, with errors that say what is wrong.
 
-Why: every face (report, sql, dashboard, check) accepts either, and none may modify what the
-user gave; traces given directly are ingested into a private temporary database.
+Why apart from run.py (which opens a run given as a database or as traces): the SQL console
+and the dashboard open databases themselves, and all of them must tell a locked file, a
+damaged one and one of another schema version apart.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
-from ranklens.ingest.config import ConfigError, RunOptions
 from ranklens.ingest.errors import DatabaseError
-from ranklens.ingest.loader import IngestReport, Progress, load_traces
 from ranklens.ingest.schema import SCHEMA_VERSION
 
 _DUCKDB_MAGIC = b"DUCK"
@@ -27,9 +22,35 @@ def is_database(path: str | os.PathLike[str]) -> bool:
     p = Path(path)
     if not p.is_file():
         return False
-    with open(p, "rb") as f:
-        head = f.read(16)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(16)
+    except OSError as exc:
+        if looks_like_database(p):
+            raise DatabaseError(f"{p}: cannot read the database ({exc.strerror})", _PERM) from None
+        return False  # the trace readers say why they cannot read it
     return head[8:12] == _DUCKDB_MAGIC
+
+
+DATABASE_SUFFIXES = (".duckdb", ".ddb", ".db")
+_PERM = "check the file's permissions"
+
+
+def looks_like_database(path: str | os.PathLike[str]) -> bool:
+    """A file named like a database (whatever it holds)."""
+    return str(path).endswith(DATABASE_SUFFIXES) and Path(path).is_file()
+
+
+def _open_hint(exc: duckdb.Error) -> str:
+    """What to do about a database DuckDB would not open: the hint follows the cause."""
+    msg = str(exc)
+    if "lock" in msg.lower():
+        return "another process holds it for writing (an ingest?); wait for it or copy the file"
+    if "Permission denied" in msg:
+        return _PERM
+    if "version" in msg.lower():
+        return "it was written by another DuckDB version: re-ingest it with this ranklens"
+    return "the file is damaged or not a DuckDB database; re-create it with `ranklens ingest`"
 
 
 def connect(db_path: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:
@@ -39,8 +60,7 @@ def connect(db_path: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:
         con.execute("SET enable_progress_bar = false")
     except duckdb.Error as exc:
         raise DatabaseError(
-            f"{db_path}: cannot open the database ({exc})",
-            "another process may hold it for writing; wait for it or copy the file",
+            f"{db_path}: cannot open the database ({str(exc).splitlines()[0]})", _open_hint(exc)
         ) from None
     try:
         rows = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
@@ -58,54 +78,3 @@ def connect(db_path: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:
             "re-ingest the traces with this version of ranklens",
         )
     return con
-
-
-@contextmanager
-def open_run(
-    source: str | os.PathLike[str] | list[str],
-    *,
-    on_error: str = "raise",
-    progress: Progress | None = None,
-    options: RunOptions | None = None,
-    allow_mixed: bool = False,
-) -> Iterator[tuple[duckdb.DuckDBPyConnection, IngestReport | None]]:
-    """Yield a read-only connection to a run given as a database or as trace inputs.
-
-    `options` (alignment, offsets, layout) apply when traces are ingested; a database keeps
-    the ones it was ingested with, so giving them as flags with a database is an error.
-    """
-    inputs = source if isinstance(source, list) else [str(source)]
-    if len(inputs) == 1 and is_database(inputs[0]):
-        flags = {"align": "--no-align", "offsets": "--offsets", "layout": "--layout"}
-        sources = options.sources if options else {}
-        given = [flags.get(k, k) for k, v in sources.items() if v == "flag"]
-        if given:
-            raise ConfigError(
-                f"{inputs[0]} is a database; {', '.join(given)} apply when traces are ingested",
-                "re-ingest: ranklens ingest RUN_DIR -o run.duckdb with those options, or give "
-                "the trace directory instead of the database",
-            )
-        con = connect(inputs[0])
-        try:
-            yield con, None
-        finally:
-            con.close()
-        return
-    tmp = tempfile.mkdtemp(prefix="ranklens-run-")
-    try:
-        db = os.path.join(tmp, "run.duckdb")
-        report = load_traces(
-            inputs,
-            db,
-            on_error=on_error,
-            progress=progress,
-            options=options,
-            allow_mixed=allow_mixed,
-        )
-        con = connect(db)
-        try:
-            yield con, report
-        finally:
-            con.close()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -22,6 +22,10 @@ class TraceFormatError(RanklensError):
     """A file is not a trace ranklens can read, or is damaged."""
 
 
+class NotATraceError(TraceFormatError):
+    """The file is valid but holds no trace at all (e.g. a config.json beside the traces)."""
+
+
 class RankError(RanklensError):
     """A rank cannot be determined, or two files claim the same rank."""
 

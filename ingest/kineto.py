@@ -15,14 +15,11 @@ timestamps; ~0.25 µs for absolute-epoch µs with decimals, which old traces do 
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import mmap
 import os
 import re
 import shutil
-import tempfile
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,11 +27,13 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 from ranklens.ingest import kineto_fast
-from ranklens.ingest.errors import TraceFormatError
+from ranklens.ingest.errors import NotATraceError, TraceFormatError
+from ranklens.ingest.gz import uncompressed
+from ranklens.ingest.inputs import check_readable
 from ranklens.ingest.kineto_events import _Event, _fail, _parse_ranks, columns
+from ranklens.ingest.sanity import NS_LIMIT
 
 PIECE_BYTES = 16 * 1024 * 1024
-_GZ_IN_MEMORY_MAX = 64 * 1024 * 1024
 _BOUNDARY_RE = re.compile(rb"\}\s*,\s*\{")
 _HAS_DEVICE_RE = re.compile(rb'"cat"\s*:\s*"(?:kernel|gpu_memcpy|gpu_memset)"')
 _TRACE_EVENTS_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -97,43 +96,26 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _uncompressed(path: str) -> tuple[str, str | None]:
-    """Path of the uncompressed bytes; .gz is inflated to a private temp file (never beside
-    the user's file)."""
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    if magic != b"\x1f\x8b":
-        return path, None
-    tmp = tempfile.mkdtemp(prefix="ranklens-")
-    out = os.path.join(tmp, "trace.json")
-    try:
-        with gzip.open(path, "rb") as src, open(out, "wb") as dst:
-            shutil.copyfileobj(src, dst, 8 * 1024 * 1024)
-    except (OSError, EOFError, zlib.error) as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise _fail(
-            path, f"corrupt gzip data ({exc})", "re-copy the file; gzip -t FILE checks it"
-        ) from None
-    return out, tmp
-
-
 def _rank_from_name(path: str) -> int | None:
     m = _RANK_IN_NAME_RE.search(Path(path).name)
     return int(m.group(1)) if m else None
 
 
-def prepare(path: str, piece_bytes: int | None = None, with_hash: bool = True) -> Prepared:
+def prepare(
+    path: str,
+    piece_bytes: int | None = None,
+    with_hash: bool = True,
+    tmp_root: str | None = None,
+) -> Prepared:
     """First pass: hash, inflate, read the header, locate the events and plan the pieces.
 
     `piece_bytes` (default PIECE_BYTES) is passed explicitly by the parallel loader: this runs
     in a worker process, where the parent's PIECE_BYTES setting would not be seen. That loader
     hashes the file itself (`with_hash=False`) while the workers decode, off the critical path.
     """
-    if not os.path.isfile(path):
-        raise _fail(path, "no such file", "check the path")
-    size = os.path.getsize(path)
+    size = check_readable(path)
     sha = file_sha256(path) if with_hash else ""
-    data_path, tmp = _uncompressed(path)
+    data_path, tmp = uncompressed(path, tmp_root)
     try:
         return _prepare_data(path, data_path, tmp, size, sha, piece_bytes or PIECE_BYTES)
     except BaseException:
@@ -154,6 +136,8 @@ def _prepare_data(
         has_device = _HAS_DEVICE_RE.search(mm, start, end) is not None
     dist = hdr.distributedInfo or _DistInfo()
     rank = dist.rank if dist.rank is not None else _rank_from_name(path)
+    if not abs(hdr.baseTimeNanoseconds or 0) < NS_LIMIT:
+        raise _fail(path, f"baseTimeNanoseconds {hdr.baseTimeNanoseconds} is out of range")
     dev = hdr.deviceProperties[0] if hdr.deviceProperties else None
     info: dict[str, Any] = {
         "world_size": dist.world_size,
@@ -187,15 +171,19 @@ def _locate_checked(path: str, mm: mmap.mmap, piece_bytes: int) -> Located:
     try:
         hdr = msgspec.json.decode(mm, type=_Header)
     except msgspec.ValidationError as exc:  # (a DecodeError subclass: test it first)
+        if mm.find(b'"traceEvents"') < 0:  # valid JSON, and no trace in it at all
+            raise _not_a_trace(path, f"not a Kineto trace: {exc}") from None
         raise _fail(path, f"not a Kineto trace: {exc}") from None
     except msgspec.DecodeError as exc:
         raise _fail(path, f"not valid JSON: {exc}") from None
     except UnicodeDecodeError as exc:
         raise _fail(path, f"invalid UTF-8 at byte {_utf8_error_at(mm, exc, 0)}") from None
+    except RecursionError:
+        raise _fail(path, "JSON nested too deeply to read (thousands of levels)") from None
     events_len = len(hdr.traceEvents)
     hdr.traceEvents = msgspec.Raw(b"")  # drop the view into the mmap before closing it
     if events_len == 0:
-        raise _fail(path, "no `traceEvents` array: this is not a Kineto trace")
+        raise _not_a_trace(path, "no `traceEvents` array: this is not a Kineto trace")
     m = _TRACE_EVENTS_RE.search(mm)
     if m is None:
         raise _fail(path, "could not locate the `traceEvents` array")
@@ -303,6 +291,10 @@ def decode_piece(
             try:
                 events = msgspec.json.decode(b"[" + mm[lo:hi] + b"]", type=list[_Event])
                 break
+            except RecursionError:
+                raise _fail(
+                    prep.path, f"an event nested too deeply to read (piece at byte {lo})"
+                ) from None
             except (msgspec.DecodeError, UnicodeDecodeError, msgspec.ValidationError) as exc:
                 if not serial and len(prep.pieces) > 1:
                     raise BadCut(str(exc)) from None
@@ -348,6 +340,13 @@ def _decode_error(path: str, exc: Exception, offset: int, bad_byte: int) -> Trac
         f" (event {m.group(1)} of the piece at byte {offset})" if m else f" (near byte {offset})"
     )
     return _fail(path, f"malformed event: {msg}{where}")
+
+
+def _not_a_trace(path: str, what: str) -> NotATraceError:
+    return NotATraceError(
+        f"{path}: {what}",
+        "check that the file is a complete PyTorch profiler (Kineto) JSON trace",
+    )
 
 
 def cleanup(prep: Prepared) -> None:

@@ -6,6 +6,7 @@ structs into the normalized `events` columns (kind classified once, here, per di
 
 from __future__ import annotations
 
+import math
 import re
 import zlib
 from typing import Any
@@ -15,8 +16,6 @@ import numpy as np
 import pyarrow as pa
 from ranklens.ingest.classify import comm_op_of, kind_of
 from ranklens.ingest.errors import TraceFormatError
-
-_INT64_MAX = 2**63 - 1
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -86,22 +85,54 @@ def _to_int(v: int | str | None) -> int:
         return zlib.crc32(v.encode()) & 0x7FFFFFFF
 
 
-def _us_to_ns(values: list[float | None]) -> np.ndarray:
-    """Exact integer-µs part plus rounded sub-µs part (avoids float64 error on epoch µs)."""
-    arr = np.asarray(values, dtype=np.float64)
+# |µs| whose whole part is below this converts to ns inside +-2^62 (kineto_fast: the same bound).
+US_LIMIT = float(2**62 // 1000)
+
+
+def _us_to_ns(path: str, timed: list[_Event], field: str) -> np.ndarray:
+    """Exact integer-µs part plus rounded sub-µs part (avoids float64 error on epoch µs).
+
+    A value beyond +-2^62 ns (~146 years) cannot be stored: an error naming the event, never
+    a silent zero or wrap (numpy casts NaN and out-of-range floats to garbage)."""
+    arr = np.asarray([getattr(e, field) for e in timed], dtype=np.float64)
     whole = np.floor(arr)
+    bad = ~(np.abs(whole) < US_LIMIT)  # also NaN and inf
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise _fail(
+            path,
+            f"event {timed[i].name!r} (timed event #{i} of a piece) has `{field}` = "
+            f"{arr[i]:g} µs, out of range (|{field}| must stay below {US_LIMIT:.4g} µs)",
+            "the trace is damaged; --skip-bad ingests the other ranks",
+        )
     return whole.astype(np.int64) * 1000 + np.rint((arr - whole) * 1000.0).astype(np.int64)
 
 
-def _checked_int64(path: str, name: str, values: list[Any]) -> pa.Array:
+def _checked_int(
+    path: str, name: str, values: list[Any], timed: list[_Event], int32: bool = False
+) -> pa.Array:
+    """`values` as an Arrow integer column; a value beyond the column's type is an error naming
+    the event (never a wrap or a traceback)."""
+    typ = pa.int32() if int32 else pa.int64()
     try:
-        return pa.array(values, pa.int64())
-    except (OverflowError, pa.ArrowInvalid):
-        bad = next(i for i, v in enumerate(values) if v is not None and abs(v) > _INT64_MAX)
+        return pa.array(values, typ)
+    except (OverflowError, pa.ArrowInvalid, TypeError):
+        top = 2**31 - 1 if int32 else 2**63 - 1
+        bad = next(
+            (
+                i
+                for i, v in enumerate(values)
+                if v is not None and not (isinstance(v, int) and -top - 1 <= v <= top)
+            ),
+            0,
+        )
+        v = values[bad]
+        shown = "a huge number" if isinstance(v, int) and abs(v) >= 10**36 else str(v)
         raise _fail(
             path,
-            f"`{name}` of an event is beyond int64 ({values[bad]})",
-            "the trace holds an id ranklens cannot store; report it with the file",
+            f"event {timed[bad].name!r}: `{name}` = {shown} is beyond {typ} "
+            f"(timed event #{bad} of a piece)",
+            "the trace holds a value ranklens cannot store; --skip-bad ingests the other ranks",
         ) from None
 
 
@@ -199,8 +230,8 @@ def columns(
         (a.stream if a.stream is not None else t) if d else t
         for a, t, d in zip(args, tids, device_like, strict=True)
     ]
-    ts_ns = _us_to_ns([e.ts for e in timed]) + base_ns
-    dur_ns = _us_to_ns([e.dur for e in timed])
+    ts_ns = _us_to_ns(path, timed, "ts") + base_ns  # |base_ns| < 2^62: kineto.prepare
+    dur_ns = _us_to_ns(path, timed, "dur")
     n = len(timed)
     cols: dict[str, pa.Array] = {
         "rank": pa.array(np.full(n, rank, dtype=np.int32)),
@@ -208,18 +239,18 @@ def columns(
         "kind": pa.array(kinds, pa.string()),
         "cat": pa.array(cats, pa.string()),
         "name": pa.array(names, pa.string()),
-        "device": pa.array(devices, pa.int32()),
-        "stream": _checked_int64(path, "stream", streams),
-        "pid": _checked_int64(path, "pid", pids),
-        "tid": _checked_int64(path, "tid", tids),
+        "device": _checked_int(path, "device", devices, timed, int32=True),
+        "stream": _checked_int(path, "stream", streams, timed),
+        "pid": _checked_int(path, "pid", pids, timed),
+        "tid": _checked_int(path, "tid", tids, timed),
         "ts_ns": pa.array(ts_ns, pa.int64()),
         "dur_ns": pa.array(dur_ns, pa.int64()),
-        "correlation": _checked_int64(path, "correlation", [a.correlation for a in args]),
-        "external_id": _checked_int64(path, "External id", [a.external_id for a in args]),
+        "correlation": _checked_int(path, "correlation", [a.correlation for a in args], timed),
+        "external_id": _checked_int(path, "External id", [a.external_id for a in args], timed),
         "coll_op": pa.array(ops, pa.string()),
         "pg_name": pa.array([a.pg_name for a in args], pa.string()),
-        "in_nelems": _checked_int64(path, "In msg nelems", [a.in_nelems for a in args]),
-        "out_nelems": _checked_int64(path, "Out msg nelems", [a.out_nelems for a in args]),
+        "in_nelems": _checked_int(path, "In msg nelems", [a.in_nelems for a in args], timed),
+        "out_nelems": _checked_int(path, "Out msg nelems", [a.out_nelems for a in args], timed),
         # gloo/c10d ops name no dtype; their first tensor input's type stands in (sizes -> bytes)
         "dtype": pa.array(
             [
@@ -228,17 +259,22 @@ def columns(
             ],
             pa.string(),
         ),
-        "group_size": pa.array([a.group_size for a in args], pa.int32()),
-        "seq": _checked_int64(path, "Seq", [a.seq for a in args]),
-        "peer": _peers(path, args),
-        "bytes": _checked_int64(
-            path, "bytes", [None if a.nbytes is None else int(a.nbytes) for a in args]
+        "group_size": _checked_int(
+            path, "Group size", [a.group_size for a in args], timed, int32=True
         ),
+        "seq": _checked_int(path, "Seq", [a.seq for a in args], timed),
+        "peer": _peers(path, args),
+        "bytes": _checked_int(path, "bytes", [_whole(a.nbytes) for a in args], timed),
         "launch": pa.array([_launch(a) for a in args], pa.string()),
         "shapes": pa.array([_text(a.dims) for a in args], pa.string()),
         "concrete": pa.array([_text(a.concrete) for a in args], pa.string()),
     }
     return pa.table(cols), threads, _arg_groups(args, backend)
+
+
+def _whole(v: float | None) -> float | None:
+    """An int-valued arg written as a float; NaN/inf are kept so _checked_int names the event."""
+    return None if v is None else (int(v) if math.isfinite(v) else v)
 
 
 _DEVICE_LIKE = frozenset(("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"))

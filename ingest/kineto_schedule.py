@@ -7,13 +7,15 @@ only DuckDB writer and keeps a bounded number of files and pieces in flight.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 from collections.abc import Callable, Generator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 import pyarrow as pa
-from ranklens.ingest import kineto
+from ranklens.ingest import kineto, lifecycle
 from ranklens.ingest.errors import RanklensError
-from ranklens.ingest.sink import Progress, Sink, file_size
+from ranklens.ingest.sink import Progress, Sink, file_size, is_file_error, unreadable
 
 
 def _finish_file(
@@ -33,23 +35,32 @@ def _serial_file(sink: Sink, tid: int, prep: kineto.Prepared, rank: int) -> None
     i = 0
     while i < len(prep.pieces):
         pc = kineto.decode_piece(prep, i, rank, tid, serial=True)
-        sink.add_events(pc.table)
+        sink.add_events(pc.table, prep.path)
         pieces.append(pc)
         i += pc.consumed
     _finish_file(sink, tid, prep, rank, pieces)
 
 
 def run_serial(
-    sink: Sink, files: list[str], progress: Progress | None, done: int, total: int
+    sink: Sink,
+    files: list[str],
+    progress: Progress | None,
+    done: int,
+    total: int,
+    tmp_root: str | None = None,
 ) -> None:
     for tid, f in enumerate(files):
         prep = None
         try:
-            prep = kineto.prepare(f)
-            rank = sink.claim_rank(tid, f, prep.rank)
+            prep = kineto.prepare(f, tmp_root=tmp_root)
+            rank = sink.claim_rank(tid, f, prep.rank, prep.info)
             _serial_file(sink, tid, prep, rank)
         except RanklensError as err:
             sink.fail(tid, f, err, file_size(f))
+        except Exception as exc:
+            if not is_file_error(exc):
+                raise
+            sink.fail(tid, f, unreadable(f, exc), file_size(f))
         finally:
             if prep is not None:
                 kineto.cleanup(prep)
@@ -59,54 +70,92 @@ def run_serial(
 
 
 def run_parallel(
-    sink: Sink, files: list[str], n: int, progress: Progress | None, done: int, total: int
+    sink: Sink,
+    files: list[str],
+    n: int,
+    progress: Progress | None,
+    done: int,
+    total: int,
+    tmp_root: str | None = None,
 ) -> None:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["ranklens.ingest.kineto"])
-    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-        # Files are prepared (hashed, inflated to temp files) at most `n` ahead of the one being
-        # decoded, so temp disk and memory stay bounded however many ranks the run has.
-        preps: list[Future[kineto.Prepared]] = []
+    pool = ProcessPoolExecutor(
+        max_workers=n,
+        mp_context=ctx,
+        initializer=lifecycle.die_with_parent,  # no orphan outlives a killed ingest
+        initargs=(os.getpid(),),
+    )
+    try:
+        _run_pool(sink, pool, files, n, progress, done, total, tmp_root)
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)  # only pieces already running finish
+        raise
+    pool.shutdown(wait=True)
 
-        def prepare_upto(i: int) -> None:
-            while len(preps) < min(len(files), i + n + 1):
-                preps.append(
-                    pool.submit(kineto.prepare, files[len(preps)], kineto.PIECE_BYTES, False)
-                )
 
-        # A file's rank is written (steps assigned, one INSERT) only after the next file's
-        # first pieces are in flight, so that the workers decode while the main process writes.
-        deferred: Callable[[], None] | None = None
-        try:
-            for tid, f in enumerate(files):
-                prepare_upto(tid)
-                prep = None
-                try:
-                    prep = preps[tid].result()
-                    rank = sink.claim_rank(tid, f, prep.rank)
-                    decoding = _parallel_file(sink, pool, tid, prep, rank, n)
-                    next(decoding)  # this file's first pieces are now in flight
-                    if deferred is not None:
-                        finish_last = deferred
-                        deferred = None
-                        finish_last()
-                    deferred = _drain(decoding)
-                except RanklensError as err:
-                    sink.fail(tid, f, err, file_size(f))
-                finally:
-                    if prep is not None:
-                        kineto.cleanup(prep)
-                done += file_size(f)
-                if progress:
-                    progress(done, total)
-            if deferred is not None:
-                deferred()
-        finally:
-            # On an early exit (error, interrupt) files prepared ahead still hold inflated .gz
-            # copies: remove them as their preparation ends (the pool waits for it on exit).
-            for fut in preps:
-                fut.cancel()
-                fut.add_done_callback(_cleanup_prepared)
+def _run_pool(
+    sink: Sink,
+    pool: ProcessPoolExecutor,
+    files: list[str],
+    n: int,
+    progress: Progress | None,
+    done: int,
+    total: int,
+    tmp_root: str | None,
+) -> None:
+    # Files are prepared (hashed, inflated to temp files) at most `n` ahead of the one being
+    # decoded, so temp disk and memory stay bounded however many ranks the run has.
+    preps: list[Future[kineto.Prepared]] = []
+
+    def prepare_upto(i: int) -> None:
+        while len(preps) < min(len(files), i + n + 1):
+            preps.append(
+                pool.submit(kineto.prepare, files[len(preps)], kineto.PIECE_BYTES, False, tmp_root)
+            )
+
+    # A file's rank is written (steps assigned, one INSERT) only after the next file's
+    # first pieces are in flight, so that the workers decode while the main process writes.
+    deferred: Callable[[], None] | None = None
+    try:
+        for tid, f in enumerate(files):
+            prepare_upto(tid)
+            prep = None
+            try:
+                prep = preps[tid].result()
+                rank = sink.claim_rank(tid, f, prep.rank, prep.info)
+                decoding = _parallel_file(sink, pool, tid, prep, rank, n)
+                next(decoding)  # this file's first pieces are now in flight
+                if deferred is not None:
+                    finish_last = deferred
+                    deferred = None
+                    finish_last()
+                deferred = _drain(decoding)
+            except RanklensError as err:
+                sink.fail(tid, f, err, file_size(f))
+            except BrokenProcessPool:
+                raise RanklensError(
+                    f"{f}: a decoding worker process died while reading it (out of memory?)",
+                    "retry with fewer --workers (1 decodes in-process)",
+                ) from None
+            except Exception as exc:
+                if not is_file_error(exc):
+                    raise
+                sink.fail(tid, f, unreadable(f, exc), file_size(f))
+            finally:
+                if prep is not None:
+                    kineto.cleanup(prep)
+            done += file_size(f)
+            if progress:
+                progress(done, total)
+        if deferred is not None:
+            deferred()
+    finally:
+        # On an early exit (error, interrupt) files prepared ahead still hold inflated .gz
+        # copies: remove them as their preparation ends (the pool waits for it on exit).
+        for fut in preps:
+            fut.cancel()
+            fut.add_done_callback(_cleanup_prepared)
 
 
 def _drain(decoding: Generator[None, None, Callable[[], None]]) -> Callable[[], None]:
@@ -143,7 +192,7 @@ def _parallel_file(
             if not prep.sha256:  # while the workers decode (hashlib releases the GIL)
                 prep.sha256 = kineto.file_sha256(prep.path)
             pc = pending.pop(0).result()
-            sink.add_events(pc.table)
+            sink.add_events(pc.table, prep.path)
             pc.table = pa.table({})  # free the Arrow memory early
             pieces.append(pc)
     except kineto.BadCut:

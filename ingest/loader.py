@@ -1,64 +1,51 @@
 """Load many ranks' traces into one DuckDB file.
 
 Why: ranks are independent until the cross-rank tables, so files (and pieces of large files)
-decode in worker processes while the main process is the single DuckDB writer. The database is
-built under a temporary name and renamed at the end, so an interrupted ingest leaves nothing
-half-written, and re-ingesting the same files gives the same database.
+decode in worker processes while the main process is the single DuckDB writer. The output is
+checked before any work, locked against a second writer, built under a temporary name (views
+included) and renamed at the end, so an interrupted or failed ingest leaves the previous file
+as it was, and re-ingesting the same files gives the same database.
 """
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
+from ranklens.ingest import output, sanity
 from ranklens.ingest.config import RunOptions
 from ranklens.ingest.crossrank import finish_cross_rank
-from ranklens.ingest.errors import NoTracesError
+from ranklens.ingest.errors import NoTracesError, RanklensError
+from ranklens.ingest.inputs import NOT_TRACES, TRACE_SUFFIXES, Inputs, scan_inputs
 from ranklens.ingest.kineto_schedule import run_parallel, run_serial
 from ranklens.ingest.nsys_inputs import split_formats
 from ranklens.ingest.post import finish_database
 from ranklens.ingest.schema import SCHEMA_VERSION, ddl
 from ranklens.ingest.sink import IngestReport, Progress, Sink, Skipped, file_size
+from ranklens.ingest.tempfiles import private_dir
 
-__all__ = ["IngestReport", "Progress", "Skipped", "find_traces", "load_traces"]
+__all__ = [
+    "NOT_TRACES",
+    "TRACE_SUFFIXES",
+    "IngestReport",
+    "Progress",
+    "Skipped",
+    "find_traces",
+    "load_traces",
+]
 
 from ranklens import __version__
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep")
-# Files a run directory may hold beside its traces (capture's manifest, a generator's truth).
-NOT_TRACES = frozenset({"manifest.json", "truth.json"})
 _SERIAL_BELOW_BYTES = 24 * 1024 * 1024
 
 
 def find_traces(inputs: Sequence[str | os.PathLike[str]]) -> list[str]:
     """Expand directories, globs and files into a sorted list of trace files."""
-    found: list[str] = []
-    for item in inputs:
-        s = str(item)
-        if os.path.isdir(s):
-            for root, _dirs, files in os.walk(s):
-                found += [
-                    os.path.join(root, f)
-                    for f in files
-                    if f.endswith(TRACE_SUFFIXES) and f not in NOT_TRACES
-                ]
-        elif any(ch in s for ch in "*?["):
-            found += [p for p in glob.glob(s, recursive=True) if os.path.isfile(p)]
-        else:
-            found.append(s)
-    if not found:
-        names = ", ".join(str(i) for i in inputs) or "(nothing)"
-        raise NoTracesError(
-            f"no trace files in {names}",
-            "give a directory holding one *.json / *.json.gz (Kineto) or *.sqlite (Nsight) "
-            "file per rank, a glob, or the files themselves",
-        )
-    return sorted(dict.fromkeys(found))
+    return scan_inputs(inputs).files
 
 
 def load_traces(
@@ -70,56 +57,85 @@ def load_traces(
     progress: Progress | None = None,
     options: RunOptions | None = None,
     allow_mixed: bool = False,
+    finalize: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
 ) -> IngestReport:
     """Ingest trace files into a new DuckDB database at `db_path` (replaced atomically).
 
     Args:
         inputs: directories, globs or files (one file per rank, or Nsight reports).
-        db_path: the database to write.
+        db_path: the database to write; never one of the inputs, nor a non-database file.
         on_error: "raise" stops at the first bad file; "skip" records it and goes on.
         workers: worker processes (default: CPU count, at most 8; 1 = in-process).
         progress: called with (bytes done, bytes total) as files complete.
         options: cross-rank options (clock alignment, user offsets, parallel layout).
         allow_mixed: ingest Kineto traces and Nsight reports together (refused by default).
+        finalize: called on the finished database before it is put in place (the CLI stores
+            the analysis views with it, so they are part of the one atomic rename).
 
     Raises:
-        RanklensError: bad input (with on_error="raise"), or nothing left to ingest.
+        RanklensError: bad input (with on_error="raise"), nothing left to ingest, an output
+            that cannot be written, or another ingest writing the same output.
     """
     if on_error not in ("raise", "skip"):
         raise ValueError("on_error must be 'raise' or 'skip'")
-    files, notes = split_formats(find_traces(inputs), allow_mixed=allow_mixed)
+    if workers is not None and workers < 1:
+        raise ValueError("workers must be at least 1")
+    found = scan_inputs(inputs)
+    files, notes = split_formats(found.files, allow_mixed=allow_mixed)
     out = Path(db_path)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    for p in (tmp, Path(str(tmp) + ".wal")):
-        p.unlink(missing_ok=True)
+    output.check_output(out, [*files, *map(str, inputs)])
     report = IngestReport(db_path=str(out), warnings=notes)
-    try:
-        con = duckdb.connect(str(tmp))
-        con.execute("SET enable_progress_bar = false")
-        # Bound the writer's memory; DuckDB spills to a temp dir beside the output instead.
-        con.execute(f"SET memory_limit = '{_memory_limit_mb(files)}MB'")
+    _unreadable_dirs(found, report, on_error)
+    with output.output_lock(out), private_dir("ingest") as scratch:
+        output.sweep_leftovers(out)
+        tmp = output.temp_path(out)
         try:
-            _ingest(con, files, report, on_error, workers, progress, options)
-            con.execute("CHECKPOINT")
+            con = duckdb.connect(str(tmp))
+            con.execute("SET enable_progress_bar = false")
+            # Bound the writer's memory; DuckDB spills to a temp dir beside the output instead.
+            con.execute(f"SET memory_limit = '{_memory_limit_mb(files)}MB'")
+            try:
+                _ingest(con, files, found, report, on_error, workers, progress, options, scratch)
+                if finalize is not None:
+                    finalize(con)
+                con.execute("CHECKPOINT")
+            finally:
+                con.close()
+            output.commit(tmp, out)
         finally:
-            con.close()
-        os.replace(tmp, out)
-        Path(str(out) + ".wal").unlink(missing_ok=True)
-    finally:
-        tmp.unlink(missing_ok=True)
-        Path(str(tmp) + ".wal").unlink(missing_ok=True)
-        shutil.rmtree(str(tmp) + ".tmp", ignore_errors=True)  # DuckDB's spill directory
+            tmp.unlink(missing_ok=True)
+            Path(str(tmp) + ".wal").unlink(missing_ok=True)
+            shutil.rmtree(str(tmp) + ".tmp", ignore_errors=True)  # DuckDB's spill directory
     return report
+
+
+def _unreadable_dirs(found: Inputs, report: IngestReport, on_error: str) -> None:
+    """A directory the scan could not enter (or that holds nothing) may have been meant to hold
+    ranks: an error, or with skip a warning."""
+    if found.unreadable_dirs and on_error == "raise":
+        raise RanklensError(
+            found.unreadable_dirs[0],
+            "check the path and the directory's permissions, or pass --skip-bad to ingest what "
+            "can be read",
+        )
+    report.warnings += [f"skipped {d}" for d in found.unreadable_dirs]
+    if not found.files:
+        raise NoTracesError(
+            f"no trace could be read ({'; '.join(found.unreadable_dirs)})",
+            "fix the directories' permissions",
+        )
 
 
 def _ingest(
     con: duckdb.DuckDBPyConnection,
     files: list[str],
+    found: Inputs,
     report: IngestReport,
     on_error: str,
     workers: int | None,
     progress: Progress | None,
-    options: RunOptions | None = None,
+    options: RunOptions | None,
+    scratch: Path,
 ) -> None:
     con.execute(ddl())
     now = datetime.now(timezone.utc).isoformat()
@@ -132,7 +148,7 @@ def _ingest(
             ["n_files", str(len(files))],
         ],
     )
-    sink = Sink(con, report, on_error)
+    sink = Sink(con, report, on_error, found=found.found)
     kin = [f for f in files if not f.endswith((".sqlite", ".nsys-rep"))]
     nsys = [f for f in files if f.endswith((".sqlite", ".nsys-rep"))]
     total = sum(file_size(f) for f in files) or 1
@@ -145,14 +161,15 @@ def _ingest(
     big = sum(file_size(f) for f in kin) >= _SERIAL_BELOW_BYTES
     n = workers if workers is not None else min(os.cpu_count() or 1, 8)
     if n <= 1 or not big:
-        run_serial(sink, kin, progress, done, total)
+        run_serial(sink, kin, progress, done, total, str(scratch))
     else:
-        run_parallel(sink, kin, n, progress, done, total)
+        run_parallel(sink, kin, n, progress, done, total, str(scratch))
     if not sink.rank_of:
-        reasons = "; ".join(f"{s.path}: {s.reason}" for s in report.skipped)
+        reasons = "; ".join([s.message for s in report.skipped] + report.warnings)
         raise NoTracesError(
-            f"no trace could be ingested ({reasons})", "fix or remove the bad files"
+            f"no trace could be ingested ({reasons or 'no files'})", "fix or remove the bad files"
         )
+    _check_layout(con, options)
     finish_database(con, sink.groups)
     if nsys and not kin:
         # Nsight has no process-group metadata: infer communicators from collective sequences.
@@ -163,6 +180,16 @@ def _ingest(
     finish_cross_rank(con, options)  # gloo groups, matching, clock alignment, attribution
     report.ranks = sorted(sink.rank_of.values())
     report.n_events = int(con.execute("SELECT count(*) FROM events").fetchall()[0][0])
+    report.warnings += sanity.run_warnings(con)
+    sanity.store_warnings(con, report.warnings)
+
+
+def _check_layout(con: duckdb.DuckDBPyConnection, options: RunOptions | None) -> None:
+    """A layout that cannot describe the run is refused (before it labels any group)."""
+    if options is None or options.layout is None:
+        return
+    world, top = con.execute("SELECT max(world_size), max(rank) FROM ranks").fetchall()[0]
+    options.layout.check_fits(None if world is None else int(world), int(top))
 
 
 def _memory_limit_mb(files: list[str]) -> int:

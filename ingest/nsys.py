@@ -42,7 +42,6 @@ import shlex
 import shutil
 import sqlite3
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from ranklens.ingest._model import RankPart
 from ranklens.ingest.errors import TraceFormatError
+from ranklens.ingest.inputs import check_readable
 from ranklens.ingest.nsys_events import CommInfo, read_kernels, read_runtime
 from ranklens.ingest.nsys_memops import read_memops, read_sync
 from ranklens.ingest.nsys_meta import Meta, read_meta
@@ -57,6 +57,7 @@ from ranklens.ingest.nsys_nccl import ProcNccl, comm_info
 from ranklens.ingest.nsys_nvtx import Nvtx, read_nvtx
 from ranklens.ingest.nsys_sqlite import Report, as_format_error
 from ranklens.ingest.nsys_tables import Strings
+from ranklens.ingest.tempfiles import private_dir
 
 _NSIGHT_TABLES = (
     "META_DATA_EXPORT",
@@ -71,11 +72,10 @@ _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 def read_nsys(path: Path, trace_id: int) -> list[RankPart]:
     """Read one Nsight Systems report (`.sqlite` export or `.nsys-rep`) into RankParts."""
     path = Path(path)
-    if not path.is_file():
-        raise TraceFormatError(f"{path}: no such file", "check the path")
+    check_readable(str(path))
     if path.suffix == ".nsys-rep":
-        with tempfile.TemporaryDirectory(prefix="ranklens-nsys-") as tmp:
-            return _read_sqlite(export_rep(path, Path(tmp)), shown=path)
+        with private_dir("nsys") as tmp:
+            return _read_sqlite(export_rep(path, tmp), shown=path)
     return _read_sqlite(path, shown=path)
 
 

@@ -91,8 +91,9 @@ def tid_of(gid: pa.Array) -> pa.Array:
 
 
 def duration(start: pa.Array, end: pa.Array) -> pa.Array:
-    """end - start, never negative (clock glitches and unfinished rows become 0)."""
-    return pc.max_element_wise(pc.subtract(end, start), 0)
+    """end - start, never negative (clock glitches and unfinished rows become 0); an overflow
+    raises (ArrowInvalid: the file is reported as unreadable) instead of wrapping to a zero."""
+    return pc.max_element_wise(pc.subtract_checked(end, start), 0)
 
 
 def labels(key: pa.Array, label: Callable[[int], str | None]) -> pa.Array:

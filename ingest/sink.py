@@ -17,7 +17,8 @@ import duckdb
 import pyarrow as pa
 from ranklens.ingest import kineto, staging
 from ranklens.ingest._model import RankPart
-from ranklens.ingest.errors import RankError, RanklensError
+from ranklens.ingest.errors import NotATraceError, RankError, RanklensError, TraceFormatError
+from ranklens.ingest.sanity import check_rank, check_times
 from ranklens.ingest.steps import write_rank
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
@@ -29,6 +30,11 @@ class Skipped:
 
     path: str
     reason: str
+
+    @property
+    def message(self) -> str:
+        """One line naming the file once (reasons usually start with the path already)."""
+        return self.reason if self.path in self.reason else f"{self.path}: {self.reason}"
 
 
 @dataclass
@@ -52,10 +58,17 @@ def file_size(path: str) -> int:
 class Sink:
     """The single writer: files' results go into the database through here."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, report: IngestReport, on_error: str):
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        report: IngestReport,
+        on_error: str,
+        found: set[str] | None = None,
+    ):
         self.con = con
         self.report = report
         self.on_error = on_error
+        self.found = found or set()  # files a directory scan or glob found (not named)
         self.rank_of: dict[tuple[int, str], int] = {}  # (trace_id, path) -> rank
         self.path_of_rank: dict[int, str] = {}
         self.groups: list[dict[str, Any]] = []
@@ -65,6 +78,10 @@ class Sink:
         self._staged: dict[int, list[staging.Piece]] = {}
 
     def fail(self, trace_id: int, path: str, err: RanklensError, size: int = 0) -> None:
+        if isinstance(err, NotATraceError) and path in self.found:
+            # Found beside the traces, not named: a note, not a failed rank.
+            self.report.warnings.append(f"{err.message}; left out (found in a directory)")
+            return
         if self.on_error == "raise":
             raise err
         ranks = [self.rank_of.pop(k) for k in [k for k in self.rank_of if k[0] == trace_id]]
@@ -80,13 +97,16 @@ class Sink:
             [trace_id, path, size, err.message],
         )
 
-    def claim_rank(self, trace_id: int, path: str, rank: int | None) -> int:
+    def claim_rank(
+        self, trace_id: int, path: str, rank: int | None, info: dict[str, Any] | None = None
+    ) -> int:
         if rank is None:
             raise RankError(
                 f"{path}: cannot tell which rank wrote this trace (no distributedInfo.rank, "
                 "no rank number in the file name)",
                 "rename the file to include its rank, e.g. rank3.json.gz",
             )
+        check_rank(path, rank, info or {})
         if rank in self.path_of_rank:
             raise RankError(
                 f"{path}: rank {rank} is already claimed by {self.path_of_rank[rank]}",
@@ -96,8 +116,10 @@ class Sink:
         self.rank_of[(trace_id, f"{path}#{len(self.rank_of)}")] = rank
         return rank
 
-    def add_events(self, table: pa.Table) -> None:
-        """Stage a piece of a rank's events (all its rows carry one rank)."""
+    def add_events(self, table: pa.Table, path: str) -> None:
+        """Stage a piece of a rank's events (all its rows carry one rank), once every time in
+        it is known to fit (sanity.check_times: an error naming the event otherwise)."""
+        check_times(path, table)
         if table.num_rows:
             self._staged.setdefault(table["rank"][0].as_py(), []).append(staging.pack(table))
 
@@ -159,11 +181,12 @@ class Sink:
                     trace_id,
                     path,
                     part.rank if part.rank is not None else kineto._rank_from_name(path),
+                    part.info,
                 )
                 n = 0
                 while part.events:  # each table let go once staged (packed: staging.py)
                     t = _with_rank(part.events.pop(0), rank, trace_id)
-                    self.add_events(t)
+                    self.add_events(t, path)
                     n += t.num_rows
                     del t
                 self.add_rank(trace_id, path, "nsys", file_size(path), None, rank, part.info, n)
@@ -172,6 +195,35 @@ class Sink:
                 self.report.warnings += [f"{path}: {w}" for w in part.warnings]
         except RanklensError as err:
             self.fail(trace_id, path, err, file_size(path))
+        except Exception as exc:
+            if not is_file_error(exc):
+                raise
+            self.fail(trace_id, path, unreadable(path, exc), file_size(path))
+
+
+def is_file_error(exc: Exception) -> bool:
+    """Whether an unexpected exception while reading a file is that file's fault (its bytes or
+    layout) rather than the machine's (memory, disk): only the former may skip the file."""
+    return not isinstance(exc, MemoryError | duckdb.IOException | duckdb.OutOfMemoryException)
+
+
+def unreadable(path: str, exc: BaseException) -> RanklensError:
+    """An error the reader did not foresee, turned into one naming the file (the original is
+    chained for --debug)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        err = TraceFormatError(f"{path}: cannot read the file ({exc.strerror})", _OS_HINT)
+    else:
+        what = (str(exc).splitlines() or [""])[0][:200]
+        err = TraceFormatError(
+            f"{path}: cannot read the file ({type(exc).__name__}: {what})",
+            "the file is damaged or of a layout ranklens does not know; --skip-bad ingests "
+            "the other ranks, --debug shows where it failed",
+        )
+    err.__cause__ = exc
+    return err
+
+
+_OS_HINT = "check that the file exists and is readable (permissions); --skip-bad ingests the rest"
 
 
 def _with_rank(t: pa.Table, rank: int, trace_id: int) -> pa.Table:

@@ -1,8 +1,10 @@
 """SQL: a read-only console over the run's tables and analysis views, results as a table + CSV.
 
-Why it is safe to expose: queries run on the sandboxed connection of analysis.sql_console
-(read-only, no file access, no ATTACH, no extensions, locked configuration) with a row and a
-time limit; errors come back as messages. Deep link: `/sql?q=SELECT...`.
+Why it is safe to expose: each query runs in a process of its own (analysis.sql_isolated) on
+the sandboxed connection of analysis.sql_console (read-only, one query statement, no files, no
+ATTACH, no extensions, locked configuration) with a row, time, memory and result-size limit;
+errors come back as messages. Deep link: `/sql?q=SELECT...` (run on every visit, never cached:
+a page shows what its user asked, now).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from typing import Any
 import dash
 import polars as pl
 from dash import Input, Output, State, dcc, html
-from ranklens.analysis.sql_console import SqlError, run_sql
+from ranklens.analysis.sql_console import MEMORY_LIMIT, MIB, SqlError, view_names
+from ranklens.analysis.sql_isolated import run_sql_isolated
 from ranklens.dashboards import components as ui
 from ranklens.dashboards.data import RunData, current
 from ranklens.ingest.schema import TABLES
@@ -21,6 +24,7 @@ PATH = "/sql"
 MAX_ROWS = 1000
 CSV_ROWS = 100_000
 TIMEOUT_S = 20.0
+MAX_BYTES = 32 * MIB  # result of one query (table or CSV), as Arrow columns
 EXAMPLE = (
     "SELECT rank, kind, count(*) AS events, sum(dur_ns) AS dur_ns\nFROM events\n"
     "GROUP BY ALL ORDER BY rank, kind"
@@ -29,7 +33,9 @@ EXAMPLE = (
 
 def register(app: dash.Dash) -> None:
     """Add the page and its callbacks to `app`."""
-    ui.register_page(__name__, path=PATH, name="SQL", title="ranklens · SQL", layout=layout)
+    ui.register_page(
+        __name__, path=PATH, name="SQL", title="ranklens · SQL", layout=layout, keep=False
+    )
 
     @app.callback(
         Output("sql-result", "children"),
@@ -59,11 +65,13 @@ def query_frame(data: RunData, query: str, max_rows: int) -> tuple[pl.DataFrame 
     """Run `query` in the sandbox: (rows, "") or (None, the error message)."""
     if not query.strip():
         return None, "type a query"
-    with data.sql_cursor() as cur:
-        try:
-            return run_sql(data.db_path, query, max_rows=max_rows, timeout_s=TIMEOUT_S, con=cur), ""
-        except SqlError as exc:
-            return None, f"error: {exc}"
+    try:
+        df = run_sql_isolated(
+            data.db_path, query, max_rows=max_rows, timeout_s=TIMEOUT_S, max_bytes=MAX_BYTES
+        )
+    except SqlError as exc:
+        return None, f"error: {exc}" + (f" (hint: {exc.hint})" if exc.hint else "")
+    return df, ""
 
 
 def execute(data: RunData, query: str) -> tuple[Any, str]:
@@ -86,13 +94,7 @@ def execute(data: RunData, query: str) -> tuple[Any, str]:
 
 def _catalog(data: RunData) -> html.Div:
     """The documented tables and the analysis views one can query."""
-    views, _ = query_frame(
-        data,
-        "SELECT DISTINCT view_name FROM duckdb_views() WHERE NOT internal "
-        "AND view_name NOT LIKE '\\_%' ESCAPE '\\' ORDER BY 1",
-        1000,
-    )
-    names = views["view_name"].to_list() if views is not None else []
+    names: list[str] = data.cached("sql_views", view_names)
     return html.Div(
         [
             html.H4("Tables"),
@@ -120,8 +122,9 @@ def layout(q: Any = None, **_: Any) -> html.Div:
         [
             ui.title(
                 "SQL",
-                f"Read-only; at most {MAX_ROWS} rows shown, {TIMEOUT_S:.0f} s per "
-                "query; no files, no ATTACH, no extensions.",
+                f"Read-only, one query at a time; at most {MAX_ROWS} rows shown, "
+                f"{TIMEOUT_S:.0f} s, {MEMORY_LIMIT // MIB:,} MiB of memory and "
+                f"{MAX_BYTES // MIB} MiB of result per query; no files, no ATTACH, no extensions.",
             ),
             html.Div(
                 [

@@ -50,12 +50,14 @@ def test_pass_and_fail_exit_codes(straggler_db: Path) -> None:
 
 
 def test_per_parallelism_threshold_and_unknown_name(straggler_db: Path) -> None:
-    res = runner.invoke(
-        app, ["check", str(straggler_db), "--max-exposed-comm", "tp=0.01", "-f", "json"]
-    )
+    args = ["check", str(straggler_db), "--max-exposed-comm", "tp=0.01", "-f", "json"]
+    res = runner.invoke(app, [*args, "--allow-skipped"])
     doc = json.loads(res.output)
-    # The straggler run has no TP communication: skipped, never a silent pass.
+    # The straggler run has no TP communication: skipped, never a silent pass ...
     assert doc["checks"][0]["status"] == "skipped" and res.exit_code == 0
+    # ... and without --allow-skipped a check that cannot be evaluated fails the gate.
+    strict = runner.invoke(app, args)
+    assert json.loads(strict.output)["checks"][0]["status"] == "fail" and strict.exit_code == 3
     with pytest.raises(check_config.ConfigError):
         check_config.parse_value("max_bubbles", "0.1")
 

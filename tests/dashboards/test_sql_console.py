@@ -1,7 +1,8 @@
 """The dashboard's SQL console is a sandbox: no files, no ATTACH, no extensions, bounded.
 
-Queries go through the page's own code path (`pages.sql.execute`), on the connection the
-dashboard serves every page from, so this proves what a user of the console can and cannot do.
+Queries go through the page's own code path (`pages.sql.execute`: a process of their own per
+query, on the console's sandboxed connection), so this proves what a user of the console can
+and cannot do.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from ranklens.analysis.sql_console import SqlError, run_sql
+from ranklens.analysis.sql_console import SqlError
+from ranklens.analysis.sql_isolated import run_sql_isolated
 from ranklens.dashboards.data import RunData
 from ranklens.dashboards.pages import sql
 
@@ -70,8 +72,14 @@ def test_row_limit(data: RunData) -> None:
 
 
 def test_time_limit(data: RunData) -> None:
-    with data.sql_cursor() as cur, pytest.raises(SqlError, match="stopped after"):
-        run_sql(data.db_path, "SELECT count(*) FROM range(1000000000000) a", con=cur, timeout_s=0.5)
+    with pytest.raises(SqlError, match="stopped after"):
+        run_sql_isolated(
+            data.db_path,
+            "SELECT count(*) FROM range(1000000000000) a",
+            max_rows=10,
+            timeout_s=0.5,
+            max_bytes=sql.MAX_BYTES,
+        )
 
 
 def test_syntax_error_is_a_message(data: RunData) -> None:

@@ -1,0 +1,90 @@
+"""How a ranklens process ends: SIGTERM like Ctrl+C, and decoding workers that die with it.
+
+Why: `timeout`, CI cancellation and `kill` send SIGTERM, which by default ends Python without
+running any `finally`, leaving the half-built database and unpacked .gz copies behind; raising
+an exception instead runs every cleanup on the way out. Worker processes must not outlive a
+parent killed with SIGKILL (no cleanup can run then): each asks the kernel for SIGKILL when
+its parent (the forkserver, which exits with the main process) goes, and watches the main
+process as well where that is not available.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, what shells report for a SIGTERM'd process
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: unwinds like Ctrl+C (every `finally` runs), exits 143."""
+
+
+_received: list[int] = []
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    _received.append(signum)
+    raise Terminated()
+
+
+def was_terminated() -> bool:
+    """Whether SIGTERM arrived (Typer turns the exception into exit 130 on its way out)."""
+    return bool(_received)
+
+
+def handle_sigterm() -> None:
+    """Make SIGTERM raise Terminated in the main thread (call once, from the entry point)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(main_pid: int) -> None:
+    """Worker initializer: end this process when its parent or the main process is gone."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    # Ctrl+C and a group-wide SIGTERM reach the workers too: the parent decides and stops the
+    # pool (a worker dying first would turn a clean "terminated" into a broken-pool error).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    watcher = threading.Thread(target=_watch, args=(main_pid,), daemon=True)
+    watcher.start()
+
+
+def _watch(main_pid: int) -> None:
+    while True:
+        time.sleep(0.5)
+        if _dead(main_pid):
+            os._exit(1)
+
+
+def _dead(pid: int) -> bool:
+    """Gone, or a zombie not yet reaped (the forkserver waits for every worker to let go of
+    the main process' pipe, so a worker must not wait for the reaping)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):
+        pass  # no /proc: ask the kernel
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's (pid reuse)
+    return False

@@ -1,0 +1,150 @@
+"""The database file an ingest writes: checked before any work, locked, replaced in one rename.
+
+Why: the output is the one file ingest may change, so it is the one place where a mistake can
+destroy data. It is refused up front when it is an input (or resolves to one), a directory, a
+non-database file, or in a directory that cannot be written, so that nothing fails after the
+whole ingest; one writer at a time holds a lock beside it; and since the lock proves no other
+ingest is writing it, leftovers of a killed run (`.NAME.tmp-PID`, its `.wal` and spill dir)
+are removed by the next one.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import stat
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from ranklens.ingest.database import is_database
+from ranklens.ingest.errors import RanklensError
+
+_TRACE_LIKE = (".json", ".json.gz", ".gz", ".sqlite", ".nsys-rep")
+
+
+class OutputError(RanklensError):
+    """The output path cannot be written, or is busy."""
+
+
+def temp_path(out: Path) -> Path:
+    """Where the database is built before the rename (same directory: same filesystem)."""
+    return out.with_name(f".{out.name}.tmp-{os.getpid()}")
+
+
+def check_output(out: Path, inputs: Sequence[str]) -> None:
+    """Refuse an output path that cannot (or must not) be replaced, before any work is done."""
+    parent = out.absolute().parent
+    if not parent.exists():
+        raise OutputError(
+            f"{out}: the directory {parent} does not exist",
+            f"create it first (mkdir -p {parent}) or write elsewhere",
+        )
+    if not parent.is_dir():
+        raise OutputError(f"{out}: {parent} is not a directory", "choose another output path")
+    if os.path.lexists(out):
+        _check_existing(out, inputs)
+    if out.name.endswith(_TRACE_LIKE):
+        raise OutputError(
+            f"{out}: an output named like a trace would be read as one later",
+            "name the database *.duckdb (e.g. -o run.duckdb)",
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{out}: cannot write in {parent} (permission denied)", _PERM_HINT)
+
+
+def _check_existing(out: Path, inputs: Sequence[str]) -> None:
+    try:
+        st = os.stat(out)
+    except OSError:
+        return  # a dangling link: the rename replaces the link itself
+    for f in inputs:
+        try:
+            same = os.path.samefile(out, f)
+        except OSError:
+            continue
+        if same:
+            raise OutputError(
+                f"{out}: the output is one of the inputs ({f}); writing it would destroy it",
+                "write the database to another file, e.g. -o run.duckdb",
+            )
+    if stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"{out}: is a directory", "give a file name, e.g. -o run.duckdb")
+    if not stat.S_ISREG(st.st_mode):
+        raise OutputError(f"{out}: is not a regular file", "give a file name, e.g. -o run.duckdb")
+    if st.st_size and not is_database(out):
+        raise OutputError(
+            f"{out}: exists and is not a DuckDB database; ingest would overwrite it",
+            "remove it yourself if it is not needed, or write to another file",
+        )
+
+
+_PERM_HINT = "write to a directory you can write to, or fix its permissions"
+
+
+@contextmanager
+def output_lock(out: Path) -> Iterator[None]:
+    """Hold `.NAME.lock` beside `out` for the ingest; a second writer gets a clear error."""
+    path = out.with_name(f".{out.name}.lock")
+    fd = _acquire(out, path)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        with suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
+
+
+def _acquire(out: Path, path: Path) -> int:
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            what = f"cannot write in {out.absolute().parent} ({exc.strerror})"
+            raise OutputError(f"{out}: {what}", _PERM_HINT) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                os.close(fd)
+                raise
+            pid = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise OutputError(
+                f"{out}: another ranklens ingest (pid {pid}) is writing it",
+                "wait for it to finish, or write to another file",
+            ) from None
+        # The previous holder unlinks the lock when done: ours must still be the one named.
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def sweep_leftovers(out: Path) -> list[str]:
+    """Remove what killed ingests to `out` left beside it (call with the lock held)."""
+    removed: list[str] = []
+    for p in out.parent.glob(f".{_glob_escape(out.name)}.tmp-*"):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(str(p))
+    return removed
+
+
+def _glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def commit(tmp: Path, out: Path) -> None:
+    """Put the finished database in place in one rename (readers see the old or the new file,
+    never a part); a stale `.wal` of the old file goes first so it cannot apply to the new."""
+    Path(str(out) + ".wal").unlink(missing_ok=True)
+    os.replace(tmp, out)

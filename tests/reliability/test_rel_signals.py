@@ -1,0 +1,237 @@
+"""Issue 14 item 7: SIGTERM is handled like Ctrl+C (cleanup, exit 143), decoding workers die
+with their parent even on SIGKILL, what a killed run left is removed by the next run, and a
+gzip bomb is stopped while it inflates."""
+
+from __future__ import annotations
+
+import fcntl
+import gzip
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+import zlib
+from pathlib import Path
+
+import pytest
+
+from reliability.conftest import write_run
+from reliability.harness import RANKLENS, clear_error, ok, run, snapshot, unchanged
+
+BASE_NS = 1_700_000_000_000_000_000
+
+
+def _big_rank(path: Path, rank: int, n: int) -> None:
+    """A valid rank of `n` kernels (~190 bytes each), written directly for speed."""
+    head = (
+        f'{{"schemaVersion": 1, "distributedInfo": {{"backend": "nccl", "rank": {rank}, '
+        f'"world_size": 2}}, "baseTimeNanoseconds": {BASE_NS}, "traceEvents": ['
+    )
+    step = '{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, '
+    step += f'"ts": 0, "dur": {20 * n + 100}}}'
+    kern = (
+        '{"ph": "X", "cat": "kernel", "name": "gemm_%d", "pid": 0, "tid": 7, "ts": %d, '
+        '"dur": 15, "args": {"device": 0, "stream": 7, "correlation": %d}}'
+    )
+    body = ", ".join(kern % (i % 50, 10 + 20 * i, i + 1) for i in range(n))
+    path.write_text(head + step + ", " + body + "]}")
+
+
+@pytest.fixture(scope="module")
+def big_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two ranks, ~60 MB: decoded by worker processes, for a few seconds."""
+    root = tmp_path_factory.mktemp("big") / "run"
+    root.mkdir()
+    for r in (0, 1):
+        _big_rank(root / f"rank{r}.json", r, 160_000)
+    return root
+
+
+def _descendants(pid: int) -> set[int]:
+    kids: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d.name))
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            if k not in out:
+                out.add(k)
+                todo.append(k)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _start_and_wait_for_workers(
+    args: list[str], cwd: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen[str], set[int]]:
+    """Start an ingest; return once its decoding workers run (and their pids)."""
+    proc = subprocess.Popen(
+        [RANKLENS, *args], cwd=cwd, env={**os.environ, **env}, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    seen: set[int] = set()
+    while time.monotonic() < deadline and proc.poll() is None:
+        seen |= _descendants(proc.pid)
+        if len(seen) >= 3 and list(cwd.glob(".o.duckdb.tmp-*")):  # forkserver, workers (+ tracker)
+            time.sleep(0.5)
+            return proc, seen | _descendants(proc.pid)
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"the ingest did not start its workers: {proc.communicate()}")
+
+
+def _gone(pids: set[int], within: float) -> set[int]:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        left = {p for p in pids if _alive(p)}
+        if not left:
+            return set()
+        time.sleep(0.1)
+    return {p for p in pids if _alive(p)}
+
+
+def _ranklens_tmp(tmpdir: Path) -> list[str]:
+    return sorted(p.name for p in tmpdir.glob("ranklens-*"))
+
+
+@pytest.mark.slow
+def test_sigterm_cleans_up_and_exits_143(big_run: Path, tmp_path: Path) -> None:
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    small = write_run(tmp_path, name="small")
+    ok(run(["ingest", small, "-o", tmp_path / "o.duckdb"], tmp_path))  # a previous output
+    before = snapshot(tmp_path)
+    inputs = snapshot(big_run)
+    proc, workers = _start_and_wait_for_workers(
+        ["ingest", str(big_run), "-o", "o.duckdb", "--workers", "2"],
+        tmp_path,
+        {"TMPDIR": str(tmpdir)},
+    )
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, (out, err)
+    assert "terminated" in err and "Traceback" not in err
+    assert not _gone(workers, 10), "worker processes outlived the ingest"
+    unchanged(before, snapshot(tmp_path), new_ok=[p for p in snapshot(tmp_path) if "tmp/" in p])
+    assert _ranklens_tmp(tmpdir) == []
+    unchanged(inputs, snapshot(big_run))
+
+
+@pytest.mark.slow
+def test_sigkill_workers_die_and_next_run_cleans(big_run: Path, tmp_path: Path) -> None:
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    gz_run = tmp_path / "gzrun"
+    gz_run.mkdir()
+    # rank 0 plain (big enough for worker processes), rank 1 .gz (unpacked into $TMPDIR)
+    (gz_run / "rank0.json").write_bytes((big_run / "rank0.json").read_bytes())
+    (gz_run / "rank1.json.gz").write_bytes(gzip.compress((big_run / "rank1.json").read_bytes(), 1))
+    proc, workers = _start_and_wait_for_workers(
+        ["ingest", str(gz_run), "-o", "o.duckdb", "--workers", "2"],
+        tmp_path,
+        {"TMPDIR": str(tmpdir)},
+    )
+    proc.kill()  # not reaped yet: the workers must not wait for that either
+    assert not _gone(workers, 10), "worker processes outlived a killed ingest"
+    proc.communicate(timeout=30)
+    left_beside = sorted(p.name for p in tmp_path.glob(".o.duckdb*"))
+    assert left_beside, "expected a killed run to leave its temporary database"
+    assert _ranklens_tmp(tmpdir), "expected a killed run to leave its unpacked copies"
+    small = write_run(tmp_path, name="small")
+    ok(run(["ingest", small, "-o", "o.duckdb"], tmp_path, env={"TMPDIR": str(tmpdir)}))
+    assert sorted(p.name for p in tmp_path.glob(".o.duckdb*")) == []
+    assert _ranklens_tmp(tmpdir) == []
+
+
+def test_live_temporary_directories_are_kept(tmp_path: Path) -> None:
+    """The sweep removes what a dead run left, never what a live one uses."""
+    tmpdir = tmp_path / "tmp"
+    live, dead = tmpdir / "ranklens-run-live", tmpdir / "ranklens-run-dead"
+    for d in (live, dead):
+        d.mkdir(parents=True)
+        (d / "run.duckdb").write_bytes(b"data")
+        (d / ".owner.lock").touch()
+    fd = os.open(live / ".owner.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        small = write_run(tmp_path, name="small")
+        ok(run(["ingest", small, "-o", "o.duckdb"], tmp_path, env={"TMPDIR": str(tmpdir)}))
+        assert _ranklens_tmp(tmpdir) == ["ranklens-run-live"]
+    finally:
+        os.close(fd)
+
+
+def test_gzip_bomb_stops_while_inflating(tmp_path: Path) -> None:
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    runs = write_run(tmp_path)
+    bomb = runs / "rank1.json.gz"
+    (runs / "rank1.json").unlink()
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip framing
+    with open(bomb, "wb") as f:
+        f.write(z.compress(b'{"traceEvents": ['))
+        chunk = b" " * (1 << 20)
+        for _ in range(1024):  # 1 GiB of whitespace, ~1 MB compressed
+            f.write(z.compress(chunk))
+        f.write(z.compress(b"]}") + z.flush())
+    before = snapshot(tmp_path)
+    res = run(["ingest", runs, "-o", tmp_path / "o.duckdb"], tmp_path, env={"TMPDIR": str(tmpdir)})
+    clear_error(res, str(bomb), "gzip bomb")
+    unchanged(before, snapshot(tmp_path))
+    assert _ranklens_tmp(tmpdir) == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_dashboard_opens_traces_the_one_way_and_ends_on_sigterm(tmp_path: Path) -> None:
+    """The dashboard on trace inputs with --layout (run.open_run's temporary ingest), then
+    SIGTERM: exit 143 and its temporary database gone."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    runs = write_run(tmp_path)
+    port = _free_port()
+    proc = subprocess.Popen(
+        [RANKLENS, "dashboard", str(runs), "--port", str(port), "--layout", "dp=2"],
+        cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmpdir)}, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+                    assert r.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the dashboard did not come up"
+                time.sleep(0.3)
+        assert _ranklens_tmp(tmpdir), "trace inputs are ingested into a temporary database"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143 and "terminated" in err and "Traceback" not in err, err
+    assert _ranklens_tmp(tmpdir) == []
