@@ -44,7 +44,7 @@ class Window:
 
     step: int
     cpu_start_ns: int
-    cpu_end_ns: int
+    cpu_end_ns: int | None  # None: its ProfilerStep spans carry no duration
     start_ns: int | None
     end_ns: int | None
 
@@ -98,7 +98,7 @@ def assign(ev: pa.Table, has_gpu: bool) -> tuple[pa.Array, list[Window]]:
         step[got] = nums[which[got]]
         known |= got
     wins = [
-        Window(int(s), int(a), int(b), int(x), int(y))
+        Window(int(s), int(a), None if b == _SMALL else int(b), int(x), int(y))
         for s, a, b, x, y in zip(nums, c_start, c_end, ws, we, strict=True)
     ]
     return pa.array(step, mask=~known), wins
@@ -228,7 +228,7 @@ def _pseudo(
     return Window(
         -1,
         int(ts[traced].min()),
-        int(ends.max()) if len(ends) else 0,
+        int(ends.max()) if len(ends) else None,
         int(ts[mine].min()) if mine.any() else None,
         int(mine_ends.max()) if len(mine_ends) else None,
     )
