@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from ranklens.analysis import breakdown, collectives, contention, overlap, pipeline, stragglers
+from ranklens.analysis import (
+    breakdown,
+    collectives,
+    contention,
+    critical_path,
+    overlap,
+    pipeline,
+    stragglers,
+)
 from ranklens.analysis._base import Finding, Result, Severity
 
 REGISTRY: tuple[ModuleType, ...] = (
@@ -17,6 +25,7 @@ REGISTRY: tuple[ModuleType, ...] = (
     collectives,
     pipeline,
     contention,
+    critical_path,
 )
 BY_NAME: dict[str, ModuleType] = {m.NAME: m for m in REGISTRY}
 
@@ -29,6 +38,7 @@ __all__ = [
     "breakdown",
     "collectives",
     "contention",
+    "critical_path",
     "overlap",
     "pipeline",
     "stragglers",

@@ -36,6 +36,13 @@ class Finding:
     value: float | None = None
     threshold: float | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+    saving_ns: int | None = None  # what the fix saves per step, by replay (analysis/savings.py)
+    saving_method: str | None = None
+
+    @property
+    def rank_ns(self) -> int:
+        """What the report ranks by: the replayed saving, else the time at stake."""
+        return self.saving_ns if self.saving_ns is not None else self.time_at_stake_ns
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -50,6 +57,8 @@ class Finding:
             "value": self.value,
             "threshold": self.threshold,
             "evidence": self.evidence,
+            "saving_ns": self.saving_ns,
+            "saving_method": self.saving_method,
         }
 
 

@@ -1,4 +1,4 @@
-"""The post-run report: every registered analysis, findings ranked by time at stake.
+"""The post-run report: every registered analysis, findings ranked by what their fix saves.
 
 Why here and not in the CLI: the CLI, the dashboard and `check` show the same report, so its
 assembly (what runs, how findings rank, the run's facts) is analysis logic.
@@ -12,7 +12,7 @@ from typing import Any
 
 import duckdb
 import polars as pl
-from ranklens.analysis import _activity
+from ranklens.analysis import _activity, critical_path, savings
 from ranklens.analysis._base import Finding, Result
 from ranklens.analysis._sql import query_pl
 
@@ -72,13 +72,16 @@ def build_report(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] | None =
         if any(m.NAME in _activity.USERS for m in mods):  # computed once for all of them
             stack.enter_context(_activity.held(con))
         for mod in mods:
-            results[mod.NAME] = mod.run(con)
+            if mod.NAME != critical_path.NAME:  # it replays the others' findings: below
+                results[mod.NAME] = mod.run(con)
     from ranklens.analysis.findings import derive
 
-    findings = sorted(
-        [*(f for r in results.values() for f in r.findings), *derive(results)],
-        key=lambda f: (-f.time_at_stake_ns, _SEVERITY_ORDER[f.severity.value], f.code),
-    )
+    found = [*(f for r in results.values() for f in r.findings), *derive(results)]
+    if any(m.NAME == critical_path.NAME for m in mods):
+        model = critical_path.model(con)
+        found, outcomes = savings.attach(model, found)
+        results[critical_path.NAME] = critical_path.result_of(model, outcomes)
+    findings = sorted(found, key=lambda f: (-f.rank_ns, _SEVERITY_ORDER[f.severity.value], f.code))
     facts = run_facts(con)
     facts.update(cross_rank_facts(con, results))
     return Report(facts, results, tuple(findings))

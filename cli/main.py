@@ -1,7 +1,7 @@
 """The `ranklens` command. It narrates and renders; every number comes from ranklens.analysis.
 
 Commands live in this module (runs: ingest, report, analyze, sql, demo, dashboard) and in
-ci_commands.py (check, capture); app.py holds what they share.
+ci_commands.py (check, capture) and whatif_cmd.py (whatif); app.py holds what they share.
 """
 
 from __future__ import annotations
@@ -233,6 +233,7 @@ def dashboard(
 
 # Registered last so `ranklens --help` lists the run commands first.
 from ranklens.cli import ci_commands  # noqa: E402, F401
+from ranklens.cli import whatif_cmd  # noqa: E402, F401
 
 
 def main() -> None:

@@ -57,7 +57,7 @@ WITH ib AS MATERIALIZED (
     FROM _contention_comm_islands WHERE e > s
   ) GROUP BY k, bk
 ), short AS (
-  SELECT x.rank, x.step, x.cls, x.gpu_ext, x.dur,
+  SELECT x.rank, x.step, x.cls, x.gpu_ext, x.dur, x.stream, x.s,
          coalesce(list_sum(list_transform(b.ivs,
            lambda v: greatest(least(x.e, v.e) - greatest(x.s, v.s), 0))), 0) AS ov_ns
   FROM _contention_ev x LEFT JOIN ib b ON b.k = x.dk AND b.bk = x.s // 1000000
@@ -70,13 +70,13 @@ WITH ib AS MATERIALIZED (
   SELECT rank, step, cls, gpu_ext, dur, dk AS k, stream, s, e FROM _contention_ev
   WHERE kind = 'compute' AND dur > 1000000
 ), long AS (
-  SELECT rank, step, cls, gpu_ext, dur, coalesce(sum(inside), 0) AS ov_ns
+  SELECT rank, step, cls, gpu_ext, dur, stream, s, coalesce(sum(inside), 0) AS ov_ns
   FROM interval_inside('lx', 'ci')
   GROUP BY rank, step, cls, gpu_ext, dur, k, stream, s
 ), o AS (
   SELECT * FROM short UNION ALL SELECT * FROM long
 )
-SELECT o.rank, o.step, o.cls, coalesce(p.op, 0)::UBIGINT AS op, o.dur, o.ov_ns,
+SELECT o.rank, o.step, o.stream, o.s, o.cls, coalesce(p.op, 0)::UBIGINT AS op, o.dur, o.ov_ns,
        CASE WHEN o.ov_ns = 0 THEN 'alone' WHEN o.ov_ns >= min_overlap * o.dur THEN 'overlapped'
             ELSE 'partial' END AS state
 FROM o LEFT JOIN _contention_op_shapes p ON p.rank = o.rank AND p.external_id = o.gpu_ext;

@@ -1,0 +1,420 @@
+"""The cross-rank dependency graph of every step, built as arrays from the database.
+
+Why arrays: 1,024 ranks or 10 M events make hundreds of thousands of nodes, which networkx holds
+at a gigabyte and walks at seconds per pass; replays need several passes. `to_networkx` gives
+the same graph as a `networkx.DiGraph` for users and tests.
+
+Model (the trace records kernels, not the events they wait on, so waits are read from timing):
+- a *lane* is one stream (GPU) or thread (CPU) of a rank in a step, its communication apart;
+- a *unit* is a union island of a lane's activity, or one matched communication event;
+- a unit *waited* for another lane when it starts within `sync_tol_ns` after a unit of
+  another lane of its rank ended, and after its own lane's previous unit ended
+  (cudaStreamWaitEvent, a blocking wait on a collective or a recv, gloo's wait());
+- runs of units with no such wait between them are one *node* (their gaps stay fixed: the
+  device waited for the host launching it, or untraced host work);
+- a matched collective instance joins its members: each member ends at the last arrival plus
+  its own transfer time (no member's kernel ends before the last member arrived);
+- every in-edge has a lag: the binding one (latest measured ready) keeps the measured gap, the
+  others none, so the unchanged graph replays each measured start; a member that ended before
+  its last member arrived (an eager send, or a clock error) follows its own arrival only, and is
+  counted in `inconsistent`.
+Vertices: one per node (a communication node's vertex is its arrival), one end vertex per
+communication node, one join vertex per instance. value[v] = max(base[v], value[u] + lag over
+in-edges) + add[v]: a node's end, an arrival, a join (last arrival) or a member's end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import networkx as nx
+import numpy as np
+import numpy.typing as npt
+from ranklens.analysis import graph_units as gu
+from ranklens.analysis._sql import apply_sql
+
+I64 = npt.NDArray[np.int64]
+NEG = -(1 << 62)  # "no constraint" for a base or a dropped edge
+
+# vertex kinds
+V_NODE, V_ARRIVE, V_JOIN, V_END = 0, 1, 2, 3
+# edge kinds (what a lag on the critical path is called)
+E_LANE, E_SYNC, E_MEMBER, E_TRANSFER, E_OWN = 0, 1, 2, 3, 4
+EDGE_KINDS = ("lane", "sync", "member", "transfer", "own")
+
+
+@dataclass
+class Graph:
+    """Nodes, vertices and in-edges (sorted by destination, CSR) of all steps."""
+
+    # nodes
+    n_rank: I64
+    n_step: I64
+    n_device: I64
+    n_stream: I64
+    n_start: I64  # measured, job clock
+    n_end: I64
+    n_busy: npt.NDArray[np.float64]  # (nodes, 3): compute, unmatched comm, memory ns
+    n_comm: npt.NDArray[np.bool_]  # a matched communication event
+    n_first_eid: I64  # its first event (names)
+    ev_node: I64  # event id -> node
+    # vertices
+    v_kind: I64
+    v_node: I64  # the node of a node/arrival/end vertex; the instance index of a join
+    v_step: I64
+    v_base: I64
+    v_add: I64
+    # in-edges, sorted by destination
+    ptr: I64
+    e_src: I64
+    e_lag: I64
+    e_kind: I64
+    e_inst: I64  # instance index of a transfer edge, -1 otherwise
+    # instances
+    inst_id: I64
+    inst_par: npt.NDArray[np.str_]
+    # steps: measured step time and what the replay keeps fixed
+    steps: I64
+    step_w_start: I64  # first start of a rank's window
+    step_w_end: I64
+    step_act_end: I64  # last measured activity end
+    order: I64  # a topological order of the vertices
+    inconsistent: int  # members that ended before their last member arrived (eager sends)
+    ranks_gpu: dict[int, bool]
+
+
+@dataclass(frozen=True)
+class BuildParams:
+    """A unit that starts this soon after another lane's unit ended waited for it. GPU: event
+    waits take a few µs, and a longer gap is the host launching late. CPU: a thread that
+    resumes after another lane ended (a gloo wait returning, then Python) waited for it, however
+    long the Python took (kept as the edge's lag)."""
+
+    sync_tol_gpu_ns: int = 20_000
+    sync_tol_cpu_ns: int = 1 << 50
+
+
+def build(
+    con: duckdb.DuckDBPyConnection,
+    p: BuildParams = BuildParams(),
+    during: Callable[[duckdb.DuckDBPyConnection, Graph], None] | None = None,
+) -> Graph:
+    """Read the run's activity and matched collectives and build the graph of every step;
+    `during(con, graph)` runs while the numbered events (temp table _cp_ev) exist."""
+    try:
+        apply_sql(con, "critical_path")  # numbers the events into temp table _cp_ev
+        ev = con.execute(
+            "SELECT rank, step, device, stream, is_comm, cls, s, e, has_gpu FROM _cp_ev "
+            "ORDER BY eid"
+        ).fetchnumpy()
+        mem = con.execute(
+            "SELECT eid, instance_id, arr, parallelism FROM _cp_members ORDER BY instance_id, eid"
+        ).fetchnumpy()
+        win = con.execute("SELECT rank, step, w_start, w_end FROM _cp_windows").fetchnumpy()
+        g = _assemble(ev, mem, win, p)
+        if during is not None:
+            during(con, g)
+    finally:
+        con.execute("DROP VIEW IF EXISTS temp._cp_members")
+        con.execute("DROP TABLE IF EXISTS temp._cp_ev")
+    return g
+
+
+def _col(d: dict[str, npt.NDArray[Any]], k: str) -> I64:
+    return np.asarray(d[k], dtype=np.int64)
+
+
+def _assemble(ev: dict, mem: dict, win: dict, p: BuildParams) -> Graph:  # type: ignore[type-arg]
+    rank, step, dev = _col(ev, "rank"), _col(ev, "step"), _col(ev, "device")
+    stream, is_comm, cls = _col(ev, "stream"), _col(ev, "is_comm"), _col(ev, "cls")
+    s, e = _col(ev, "s"), _col(ev, "e")
+    gpu = np.asarray(ev["has_gpu"], dtype=bool)
+    n_ev = len(s)
+    m_eid, m_inst, m_arr = _col(mem, "eid"), _col(mem, "instance_id"), _col(mem, "arr")
+    member = np.zeros(n_ev, dtype=bool)
+    member[m_eid] = True
+    lane_new = np.ones(n_ev, dtype=bool)
+    if n_ev:
+        lane_new[1:] = (
+            (rank[1:] != rank[:-1])
+            | (step[1:] != step[:-1])
+            | (dev[1:] != dev[:-1])
+            | (stream[1:] != stream[:-1])
+            | (is_comm[1:] != is_comm[:-1])
+        )
+    lane = np.cumsum(lane_new) - 1
+
+    un = gu.units(lane, lane_new, member, cls, s, e)
+    u_lane, u_s, u_e, u_first = un["lane"], un["s"], un["e"], un["first"]
+    u_member = member[u_first]
+    rs, n_rs = gu.dense_key(rank[u_first], step[u_first])
+    tol = np.where(gpu[u_first], p.sync_tol_gpu_ns, p.sync_tol_cpu_ns).astype(np.int64)
+    n_u = len(u_s)
+    first_on_lane = np.ones(n_u, dtype=bool)
+    first_on_lane[1:] = u_lane[1:] != u_lane[:-1]
+    prev_e = np.full(n_u, NEG, dtype=np.int64)
+    prev_e[1:] = u_e[:-1]
+    prev_e[first_on_lane] = NEG
+    overlap = ~first_on_lane & (u_s < prev_e)
+    prev_e[overlap] = NEG  # overlapping spans (gloo p2p waits) do not order each other
+    sync = gu.sync_sources(rs, u_lane, u_s, u_e, prev_e, tol)
+    is_source = np.zeros(n_u, dtype=bool)
+    is_source[sync[sync >= 0]] = True
+
+    # a node: a run of units of one lane with nothing waited for inside it
+    new_node = first_on_lane | u_member | (sync >= 0) | overlap
+    new_node[1:] |= u_member[:-1] | is_source[:-1]
+    node_of_unit = np.cumsum(new_node) - 1
+    starts = np.flatnonzero(new_node)
+    nn = len(starts)
+    n_start = u_s[starts]
+    n_end = np.maximum.reduceat(u_e, starts) if n_u else u_e
+    n_busy = (
+        np.stack([np.add.reduceat(un["busy"][:, k], starts) for k in range(3)], axis=1)
+        if n_u
+        else np.zeros((0, 3))
+    )
+    n_first_eid, n_comm = u_first[starts], u_member[starts]
+    n_rank, n_step = rank[n_first_eid], step[n_first_eid]
+    ev_node = node_of_unit[un["of_event"]]
+    rs_rank = np.zeros(n_rs, dtype=np.int64)
+    rs_step = np.zeros(n_rs, dtype=np.int64)
+    rs_rank[rs], rs_step[rs] = rank[u_first], step[u_first]
+    w_start, _ = gu.window_of(
+        rs[starts],
+        rs_rank,
+        rs_step,
+        _col(win, "rank"),
+        _col(win, "step"),
+        _col(win, "w_start"),
+        _col(win, "w_end"),
+        n_start,
+    )
+    w_rs_start, w_rs_end = gu.window_of(
+        np.arange(n_rs),
+        rs_rank,
+        rs_step,
+        _col(win, "rank"),
+        _col(win, "step"),
+        _col(win, "w_start"),
+        _col(win, "w_end"),
+        np.full(n_rs, np.iinfo(np.int64).max, dtype=np.int64),
+    )
+
+    # in-edges of each node: its lane's previous node, the node it waited for, the step start
+    lane_src = np.where(first_on_lane[starts] | overlap[starts], -1, np.arange(nn) - 1)
+    sync_u = sync[starts]
+    sync_src = np.where(sync_u >= 0, node_of_unit[np.maximum(sync_u, 0)], -1)
+    ready = np.stack(
+        [
+            np.where(lane_src >= 0, n_end[np.maximum(lane_src, 0)], NEG),
+            np.where(sync_src >= 0, n_end[np.maximum(sync_src, 0)], NEG),
+            w_start,
+        ],
+        axis=1,
+    )
+    bind = np.argmax(ready, axis=1)
+    lag = np.maximum(n_start - ready[np.arange(nn), bind], 0)
+    g = _Edges()
+    for k, src in ((E_LANE, lane_src), (E_SYNC, sync_src)):
+        ok = src >= 0
+        g.add(np.flatnonzero(ok), src[ok], np.where(bind[ok] == k, lag[ok], 0), k)
+    base = np.where(bind == 2, w_start + lag, w_start)
+
+    # communication: a node's vertex is its arrival; an end vertex per node, a join per instance
+    node_of_member = ev_node[m_eid]
+    arrival = n_start.copy()
+    arrival[node_of_member] = np.minimum(m_arr, n_start[node_of_member])
+    add = np.where(n_comm, arrival - n_start, n_end - n_start)
+    comm_nodes = np.flatnonzero(n_comm)
+    nc = len(comm_nodes)
+    end_vertex = np.arange(nn, dtype=np.int64)
+    end_vertex[comm_nodes] = nn + np.arange(nc)
+    g.redirect(end_vertex)  # successors of a comm node read its end
+    inst_u, inst_idx = np.unique(m_inst, return_inverse=True)
+    ni = len(inst_u)
+    join_vertex = nn + nc + np.arange(ni)
+    m_arrival = arrival[node_of_member]
+    last_arr = np.full(ni, NEG, dtype=np.int64)
+    np.maximum.at(last_arr, inst_idx, m_arrival)
+    g.add(join_vertex[inst_idx], node_of_member, np.zeros(len(m_eid), np.int64), E_MEMBER)
+    transfer = n_end[node_of_member] - np.maximum(last_arr[inst_idx], m_arrival)
+    # A member that ended before the last one arrived did not wait for it: an eager send (NCCL
+    # buffers small p2p messages) or a clock error; its end follows its own arrival only.
+    linked = transfer >= 0
+    inconsistent = int(np.count_nonzero(~linked))
+    g.add(
+        end_vertex[node_of_member[linked]],
+        join_vertex[inst_idx[linked]],
+        transfer[linked],
+        E_TRANSFER,
+        inst_idx[linked],
+    )
+    own = np.zeros(nn, dtype=np.int64)
+    own_lag = np.where(linked, transfer, n_end[node_of_member] - m_arrival)
+    np.maximum.at(own, node_of_member, np.maximum(own_lag, 0))
+    g.add(end_vertex[comm_nodes], comm_nodes, own[comm_nodes], E_OWN)
+
+    par = np.empty(ni, dtype=object)
+    par[inst_idx] = np.asarray(mem["parallelism"], dtype=object)
+    inst_step = np.zeros(ni, dtype=np.int64)
+    inst_step[inst_idx] = n_step[node_of_member]
+    v_kind = np.concatenate(
+        [np.where(n_comm, V_ARRIVE, V_NODE), np.full(nc, V_END), np.full(ni, V_JOIN)]
+    ).astype(np.int64)
+    v_step = np.concatenate([n_step, n_step[comm_nodes], inst_step])
+    ptr, src, elag, ekind, einst = g.csr(len(v_kind))
+    # measured time orders the vertices: 4t+1 ends, 4t+2 nodes and arrivals, 4t+3 joins (at
+    # the last member's start), so every edge of a consistent trace goes forward
+    t0 = int(n_start.min()) if nn else 0
+    join_s = np.full(ni, NEG, dtype=np.int64)
+    np.maximum.at(join_s, inst_idx, n_start[node_of_member])
+    end_t = n_end[comm_nodes].copy()
+    np.maximum.at(end_t, np.searchsorted(comm_nodes, node_of_member), join_s[inst_idx] + 1)
+    key = np.concatenate([4 * (n_start - t0) + 2, 4 * (end_t - t0) + 1, 4 * (join_s - t0) + 3])
+    steps, st_start, st_end, st_act = _step_table(
+        rs_step, w_rs_start, w_rs_end, n_rs, rs[starts], n_end
+    )
+    return Graph(
+        n_rank=n_rank,
+        n_step=n_step,
+        n_device=dev[n_first_eid],
+        n_stream=stream[n_first_eid],
+        n_start=n_start,
+        n_end=n_end,
+        n_busy=n_busy,
+        n_comm=n_comm,
+        n_first_eid=n_first_eid,
+        ev_node=ev_node,
+        v_kind=v_kind,
+        v_node=np.concatenate([np.arange(nn), comm_nodes, np.arange(ni)]).astype(np.int64),
+        v_step=v_step,
+        v_base=np.concatenate([base, np.full(nc + ni, NEG)]).astype(np.int64),
+        v_add=np.concatenate([add, np.zeros(nc + ni, np.int64)]).astype(np.int64),
+        ptr=ptr,
+        e_src=src,
+        e_lag=elag,
+        e_kind=ekind,
+        e_inst=einst,
+        inst_id=inst_u.astype(np.int64),
+        inst_par=par.astype(str),
+        steps=steps,
+        step_w_start=st_start,
+        step_w_end=st_end,
+        step_act_end=st_act,
+        order=_topo_order(key, ptr, src),
+        inconsistent=inconsistent,
+        ranks_gpu={int(r): bool(x) for r, x in zip(n_rank, gpu[n_first_eid], strict=True)},
+    )
+
+
+class _Edges:
+    """Edge lists gathered piecewise, then sorted by destination."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[I64, I64, I64, I64, I64]] = []
+
+    def add(self, dst: I64, src: I64, lag: I64, kind: int, inst: I64 | None = None) -> None:
+        n = len(dst)
+        ins = np.full(n, -1, dtype=np.int64) if inst is None else np.asarray(inst, np.int64)
+        self.parts.append(
+            (
+                np.asarray(dst, np.int64),
+                np.asarray(src, np.int64),
+                np.asarray(lag, np.int64),
+                np.full(n, kind, dtype=np.int64),
+                ins,
+            )
+        )
+
+    def redirect(self, vertex_of_node: I64) -> None:
+        """Edges added so far leave from vertex_of_node[src] (a comm node's end)."""
+        self.parts = [(d, vertex_of_node[s], lg, k, i) for d, s, lg, k, i in self.parts]
+
+    def csr(self, n_vertices: int) -> tuple[I64, I64, I64, I64, I64]:
+        if not self.parts:
+            z = np.zeros(0, dtype=np.int64)
+            return np.zeros(n_vertices + 1, dtype=np.int64), z, z, z, z
+        dst, src, lag, kind, inst = (np.concatenate(c) for c in zip(*self.parts, strict=True))
+        o = np.argsort(dst, kind="stable")
+        ptr = np.zeros(n_vertices + 1, dtype=np.int64)
+        np.cumsum(np.bincount(dst, minlength=n_vertices), out=ptr[1:])
+        return ptr, src[o], lag[o], kind[o], inst[o]
+
+
+def _topo_order(key: I64, ptr: I64, src: I64) -> I64:
+    """Vertices by their measured-time key; Kahn's algorithm (the key breaking ties) when a
+    clock disagreement puts an edge backwards."""
+    n = len(key)
+    order = np.lexsort((np.arange(n), key))
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    dst = np.repeat(np.arange(n), np.diff(ptr))
+    if np.all(pos[src] < pos[dst]):
+        return order
+    out_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=out_ptr[1:])
+    succ = dst[np.argsort(src, kind="stable")].tolist()
+    optr = out_ptr.tolist()
+    indeg = np.diff(ptr).tolist()
+    rank_of = pos.tolist()
+    import heapq
+
+    heap = [(rank_of[v], v) for v in range(n) if indeg[v] == 0]
+    heapq.heapify(heap)
+    out: list[int] = []
+    while heap:
+        _, v = heapq.heappop(heap)
+        out.append(v)
+        for k in range(optr[v], optr[v + 1]):
+            w = succ[k]
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                heapq.heappush(heap, (rank_of[w], w))
+    if len(out) != n:
+        raise ValueError("the dependency graph has a cycle")
+    return np.asarray(out, dtype=np.int64)
+
+
+def _step_table(
+    rs_step: I64, w_start: I64, w_end: I64, n_rs: int, node_rs: I64, n_end: I64
+) -> tuple[I64, I64, I64, I64]:
+    """Per step: first window start, last window end, last activity end (all ranks)."""
+    act = np.full(n_rs, NEG, dtype=np.int64)
+    np.maximum.at(act, node_rs, n_end)
+    steps, inv = np.unique(rs_step, return_inverse=True)
+    k = len(steps)
+    st = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
+    en = np.full(k, NEG, dtype=np.int64)
+    ae = np.full(k, NEG, dtype=np.int64)
+    np.minimum.at(st, inv, w_start)
+    np.maximum.at(en, inv, w_end)
+    np.maximum.at(ae, inv, act)
+    return steps.astype(np.int64), st, np.maximum(en, ae), ae
+
+
+def to_networkx(g: Graph) -> nx.DiGraph:
+    """The graph as a networkx DiGraph (vertices with kind/rank/step/base/add, edges with
+    lag/kind), for users who want networkx's algorithms; replays use the arrays."""
+    d = nx.DiGraph()
+    kinds = ("node", "arrival", "join", "end")
+    for v in range(len(g.v_kind)):
+        k = int(g.v_kind[v])
+        rank = -1 if k == V_JOIN else int(g.n_rank[g.v_node[v]])
+        d.add_node(
+            v,
+            kind=kinds[k],
+            rank=rank,
+            step=int(g.v_step[v]),
+            base=int(g.v_base[v]),
+            add=int(g.v_add[v]),
+        )
+    dst = np.repeat(np.arange(len(g.v_kind)), np.diff(g.ptr))
+    for s, t_, lag, kind in zip(
+        g.e_src.tolist(), dst.tolist(), g.e_lag.tolist(), g.e_kind.tolist(), strict=True
+    ):
+        d.add_edge(s, t_, lag=lag, kind=EDGE_KINDS[kind])
+    return d

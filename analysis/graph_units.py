@@ -1,0 +1,154 @@
+"""Vectorised pieces of the graph build: union islands per lane, the waits between lanes,
+the step windows of the nodes (numpy; a loop per event would take minutes at 10 M events)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+I64 = npt.NDArray[np.int64]
+NEG = -(1 << 62)
+
+
+def dense_key(a: I64, b: I64) -> tuple[I64, int]:
+    """Dense ids of (a, b) pairs, in sorted order, and how many there are."""
+    if len(a) == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    _, inv = np.unique(np.stack([a, b], axis=1), axis=0, return_inverse=True)
+    inv = np.asarray(inv, dtype=np.int64).reshape(-1)
+    return inv, int(inv.max()) + 1
+
+
+def units(
+    lane: I64,
+    lane_new: npt.NDArray[np.bool_],
+    member: npt.NDArray[np.bool_],
+    cls: I64,
+    s: I64,
+    e: I64,
+) -> dict[str, npt.NDArray[Any]]:
+    """Union islands of each lane's non-member events (nested host ops are one island) and
+    every member event on its own, in lane order. busy: per unit (compute, comm, memory) ns,
+    the island's length split by the classes' summed durations."""
+    idx = np.flatnonzero(~member)
+    n = len(idx)
+    of_event = np.zeros(len(s), dtype=np.int64)
+    i_first = i_s = i_e = isl = np.zeros(0, dtype=np.int64)
+    busy = np.zeros((0, 3))
+    if n:
+        seg_new = np.ones(n, dtype=bool)
+        seg_new[1:] = (lane[idx[1:]] != lane[idx[:-1]]) | (idx[1:] - idx[:-1] > 1)
+        seg_new |= lane_new[idx]
+        seg = np.cumsum(seg_new) - 1
+        base = s[idx[seg_new]][seg]
+        rel_e = np.maximum(e[idx] - base, 0)
+        reach = segmented_max(seg, rel_e)
+        prev_reach = np.zeros(n, dtype=np.int64)
+        prev_reach[1:] = reach[:-1]
+        opens = seg_new | (s[idx] - base > prev_reach)
+        isl = np.cumsum(opens) - 1
+        i_start = np.flatnonzero(opens)
+        i_first = idx[i_start]
+        i_s = s[i_first]
+        i_e = np.maximum.reduceat(e[idx], i_start)
+        dur = (e[idx] - s[idx]).astype(np.float64)
+        sums = np.stack([np.bincount(isl, weights=dur * (cls[idx] == k)) for k in (0, 1, 2)], 1)
+        tot = sums.sum(axis=1)
+        frac = np.divide(sums, tot[:, None], out=np.zeros_like(sums), where=tot[:, None] > 0)
+        busy = frac * (i_e - i_s)[:, None]
+    m_idx = np.flatnonzero(member)
+    first = np.concatenate([i_first, m_idx])
+    order = np.argsort(first, kind="stable")
+    pos = np.empty(len(order), dtype=np.int64)
+    pos[order] = np.arange(len(order))
+    of_event[idx] = pos[isl]
+    of_event[m_idx] = pos[len(i_first) + np.arange(len(m_idx))]
+    return {
+        "first": first[order],
+        "lane": lane[first[order]],
+        "s": np.concatenate([i_s, s[m_idx]])[order],
+        "e": np.concatenate([i_e, e[m_idx]])[order],
+        "busy": np.concatenate([busy, np.zeros((len(m_idx), 3))])[order],
+        "of_event": of_event,
+    }
+
+
+def segmented_max(seg: I64, v: I64) -> I64:
+    """Running max of v (>= 0) restarting at each segment (seg ascending)."""
+    if len(v) == 0:
+        return v
+    bits = max(int(v.max()).bit_length(), 1)
+    if bits + int(seg[-1]).bit_length() <= 62:
+        return np.maximum.accumulate((seg << bits) | v) & ((1 << bits) - 1)
+    out = v.copy()  # keys too wide to pack: per segment
+    starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
+    for a, b in zip(starts, np.r_[starts[1:], len(v)], strict=True):
+        out[a:b] = np.maximum.accumulate(v[a:b])
+    return out
+
+
+def sync_sources(rs: I64, u_lane: I64, u_s: I64, u_e: I64, prev_e: I64, tol: I64) -> I64:
+    """For each unit, the unit of another lane of its rank and step that it waited for (-1:
+    none): the latest to end at or before its start, after its own lane's previous unit
+    ended, within tol. rs: dense (rank, step) id per unit."""
+    n = len(u_s)
+    out = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return out
+    t0 = np.full(int(rs.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(t0, rs, np.minimum(u_s, u_e))
+    rel_s, rel_e = u_s - t0[rs], u_e - t0[rs]
+    bits = max(int(max(rel_s.max(), rel_e.max())).bit_length(), 1)
+    if bits + int(rs.max()).bit_length() > 62:
+        raise ValueError("a step longer than the graph's clock range")
+    key_e = (rs << bits) | rel_e
+    by_end = np.argsort(key_e, kind="stable")
+    k_sorted = key_e[by_end]
+    k_end, k_lane = u_e[by_end], u_lane[by_end]
+    pos = np.searchsorted(k_sorted, (rs << bits) | rel_s, side="right") - 1
+    lo_bound = np.searchsorted(k_sorted, rs << bits, side="left")
+    todo = np.arange(n)
+    for _ in range(8):  # skip units of its own lane (few end within a gap)
+        p = pos[todo]
+        ok = p >= lo_bound[todo]
+        todo, p = todo[ok], p[ok]
+        e_w = k_end[p]
+        ok = (u_s[todo] - e_w <= tol[todo]) & (e_w > prev_e[todo])
+        todo, p = todo[ok], p[ok]
+        found = k_lane[p] != u_lane[todo]
+        out[todo[found]] = by_end[p[found]]
+        todo, p = todo[~found], p[~found]
+        pos[todo] = p - 1
+        if len(todo) == 0:
+            break
+    return out
+
+
+def window_of(
+    n_rs: I64,
+    rs_rank: I64,
+    rs_step: I64,
+    w_rank: I64,
+    w_step: I64,
+    w_s: I64,
+    w_e: I64,
+    n_start: I64,
+) -> tuple[I64, I64]:
+    """Each node's rank-step window (start, end): the steps table's, its start no later than
+    the rank's first node; a rank without a window starts at its first node, end unknown."""
+    n_rs_count = len(rs_rank)
+    first = np.full(n_rs_count, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, n_rs, n_start)
+    ws, we = first.copy(), np.full(n_rs_count, NEG, dtype=np.int64)
+    if len(w_rank) and n_rs_count:
+        key = rs_rank * (1 << 32) + (rs_step + (1 << 31))
+        wkey = w_rank * (1 << 32) + (w_step + (1 << 31))
+        o = np.argsort(wkey)
+        j = np.searchsorted(wkey[o], key)
+        j = np.minimum(j, len(o) - 1)
+        hit = wkey[o][j] == key
+        ws[hit] = np.minimum(w_s[o][j][hit], first[hit])
+        we[hit] = w_e[o][j][hit]
+    return ws[n_rs], we[n_rs]

@@ -1,0 +1,62 @@
+"""What each finding's fix saves, from a replay of the dependency graph (critical_path).
+
+Why: a finding's `time_at_stake_ns` is a heuristic per analysis; the replay of its fix on the
+cross-rank graph says what the step would gain, waits and dependencies included, and ranks the
+findings by the same measure. A finding whose fix the replay cannot express keeps its estimate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+from ranklens.analysis import critical_path as cp
+from ranklens.analysis import graph_replay as gr
+from ranklens.analysis import whatif as wi
+from ranklens.analysis._base import Finding
+
+
+def _straggler(f: Finding) -> str | None:
+    return "straggler:" + ",".join(str(r) for r in f.ranks) if f.ranks else None
+
+
+def _exposed(f: Finding) -> str | None:
+    by_par = f.evidence.get("exposed_ns_by_parallelism") or {}
+    known = {k: v for k, v in by_par.items() if k and v}
+    return f"overlap:{max(known, key=lambda k: known[k]).lower()}" if known else None
+
+
+# finding code -> the scenario that replays its fix
+SCENARIO_OF: dict[str, Callable[[Finding], str | None]] = {
+    "STRAGGLER_RANK": _straggler,
+    "STRAGGLER_COMPUTE_IMBALANCE": _straggler,
+    "PIPELINE_STAGE_IMBALANCE": lambda f: "stage-balance",
+    "CONTENTION_COMPUTE_SLOWDOWN": lambda f: "contention",
+    "OVERLAP_EXPOSED_COMM_HIGH": _exposed,
+    "PIPELINE_DP_INTO_BUBBLES": lambda f: "overlap:dp",
+}
+
+
+def attach(m: cp.Model, findings: list[Finding]) -> tuple[list[Finding], list[wi.Outcome]]:
+    """Each finding with a replayable fix gets saving_ns (mean over steps) and its method."""
+    names = sorted({s for f in findings if (s := _scenario(f)) is not None})
+    outcomes = wi.run_scenarios(m.graph, [wi.parse(n) for n in names], m.ctx)
+    replayed = float(np.mean(gr.step_times(m.graph, m.base))) if len(m.graph.steps) else 0.0
+    saving: dict[str, int] = {
+        o.scenario.name: int(round(replayed - float(np.mean(o.predicted))))
+        for o in outcomes
+        if o.predicted is not None
+    }
+    out = []
+    for f in findings:
+        sc = _scenario(f)
+        if sc is not None and sc in saving:
+            f = dataclasses.replace(f, saving_ns=saving[sc], saving_method=f"replay of {sc}")
+        out.append(f)
+    return out, outcomes
+
+
+def _scenario(f: Finding) -> str | None:
+    rule = SCENARIO_OF.get(f.code)
+    return rule(f) if rule is not None else None

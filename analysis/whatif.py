@@ -1,0 +1,231 @@
+"""What-if: re-time the dependency graph with one thing changed and say how much faster the step is.
+
+Same order and dependencies, changed durations (graph_build.Graph, graph_replay.replay):
+- `straggler[:R[,R..]]`: the ranks' compute at their peers' median (peers: the ranks of the
+  same pipeline stage, all ranks without PP); without ranks, every rank above its peers'
+  median comes down to it;
+- `stage-balance`: each pipeline stage's compute at the mean over the stages (layers moved
+  between stages: the total stays);
+- `contention`: compute kernels that ran beside communication at their alone duration (the
+  contention analysis' per-class baseline on the same rank);
+- `overlap:PAR`: the parallelism's communication fully hidden (its members neither transfer nor
+  wait for each other);
+- `scale-comm:PAR=F`: its transfers F times faster;
+- `scale-kernels:REGEX=F`: compute/copy events whose name matches REGEX take F times as long.
+The saving is replayed - predicted, both from the model, so the model's own error cancels.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import duckdb
+import numpy as np
+import numpy.typing as npt
+from ranklens.analysis import graph_replay as gr
+from ranklens.analysis.graph_build import E_OWN, E_TRANSFER, NEG, V_NODE, Graph
+from ranklens.ingest.errors import RanklensError
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+KINDS = ("straggler", "stage-balance", "contention", "overlap", "scale-comm", "scale-kernels")
+
+
+class WhatIfError(RanklensError):
+    """A scenario the user wrote that cannot be read."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One change to replay, as the user wrote it (`name`) and parsed."""
+
+    name: str
+    kind: str
+    ranks: tuple[int, ...] = ()
+    parallelism: str = ""
+    factor: float = 1.0
+    pattern: str = ""
+
+
+def parse(text: str) -> Scenario:
+    """'straggler:3', 'stage-balance', 'contention', 'overlap:dp', 'scale-comm:dp=2',
+    'scale-kernels:gemm=0.8' -> Scenario (errors say what form is expected)."""
+    kind, _, arg = text.strip().partition(":")
+    kind = kind.strip().lower()
+    hint = (
+        "use straggler[:RANK,...], stage-balance, contention, overlap:PAR, scale-comm:PAR=F "
+        "or scale-kernels:REGEX=F (PAR: dp, tp, pp, cp, ep, ...)"
+    )
+    if kind == "straggler":
+        try:
+            ranks = tuple(int(x) for x in arg.split(",") if x.strip())
+        except ValueError:
+            raise WhatIfError(f"bad rank list in {text!r}", hint) from None
+        return Scenario(text, kind, ranks=ranks)
+    if kind in ("stage-balance", "contention") and not arg:
+        return Scenario(text, kind)
+    if kind == "overlap" and arg:
+        return Scenario(text, kind, parallelism=arg.strip().upper())
+    if kind in ("scale-comm", "scale-kernels") and "=" in arg:
+        what, _, f = arg.rpartition("=")
+        try:
+            factor = float(f)
+        except ValueError:
+            raise WhatIfError(f"bad factor in {text!r}", hint) from None
+        if factor <= 0 or not what:
+            raise WhatIfError(f"bad scenario {text!r}", hint)
+        if kind == "scale-comm":
+            return Scenario(text, kind, parallelism=what.strip().upper(), factor=factor)
+        try:
+            re.compile(what)
+        except re.error as exc:
+            raise WhatIfError(f"bad regular expression in {text!r}: {exc}", hint) from None
+        return Scenario(text, kind, pattern=what, factor=factor)
+    raise WhatIfError(f"unknown scenario {text!r}", hint)
+
+
+@dataclass
+class Context:
+    """What scenarios need besides the graph: stages, and per node the contention excess and
+    the time of events matching a kernel pattern (read while the events are numbered)."""
+
+    stage_of: dict[int, int]
+    contention_ns: F64 | None = None
+    pattern_ns: dict[str, F64] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A scenario's predicted step times (per step of g.steps) or why it does not apply."""
+
+    scenario: Scenario
+    predicted: I64 | None
+    note: str = ""
+
+
+def stages(con: duckdb.DuckDBPyConnection) -> dict[int, int]:
+    """Rank -> its position in its pipeline group (no PP group: absent)."""
+    rows = con.execute("SELECT ranks FROM process_groups WHERE parallelism = 'PP'").fetchall()
+    return {int(r): i for (ranks,) in rows for i, r in enumerate(ranks or [])}
+
+
+def durations(g: Graph, sc: Scenario, ctx: Context) -> tuple[I64, I64, str]:
+    """The vertices' own times and the edges' lags under the scenario, and a note when it
+    changes nothing (not applicable to this run)."""
+    add = g.v_add.copy()
+    lag = g.e_lag.copy()
+    node_v = np.flatnonzero(g.v_kind == V_NODE)
+    nodes = g.v_node[node_v]
+    compute = g.n_busy[nodes, 0]
+    if sc.kind in ("straggler", "stage-balance"):
+        f = _compute_factor(g, sc, ctx)
+        if f is None:
+            return add, lag, "no pipeline stages in this run"
+        add[node_v] -= np.rint(compute * (1.0 - f[g.n_rank[nodes]])).astype(np.int64)
+    elif sc.kind == "contention":
+        if ctx.contention_ns is None or not ctx.contention_ns.any():
+            return add, lag, "no compute ran slower beside communication"
+        add[node_v] -= np.rint(ctx.contention_ns[nodes]).astype(np.int64)
+    elif sc.kind == "scale-kernels":
+        t = ctx.pattern_ns.get(sc.pattern)
+        if t is None or not t.any():
+            return add, lag, f"no compute or copy event matches {sc.pattern!r}"
+        add[node_v] -= np.rint(t[nodes] * (1.0 - sc.factor)).astype(np.int64)
+    else:
+        inst = g.inst_par == sc.parallelism
+        if not inst.any():
+            return add, lag, f"no matched {sc.parallelism} communication in this run"
+        tr = (g.e_kind == E_TRANSFER) & inst[np.maximum(g.e_inst, 0)]
+        if sc.kind == "overlap":
+            lag[tr] = NEG  # no waiting for the others
+            scale = 0.0
+        else:
+            lag[tr] = np.rint(lag[tr] / sc.factor).astype(np.int64)
+            scale = 1.0 / sc.factor
+        own = g.e_kind == E_OWN
+        hit = np.zeros(len(g.v_kind), dtype=bool)
+        dst = np.repeat(np.arange(len(g.v_kind)), np.diff(g.ptr))
+        hit[dst[tr]] = True
+        sel = own & hit[dst]
+        lag[sel] = np.rint(lag[sel] * scale).astype(np.int64)
+    return add, np.maximum(lag, NEG), ""
+
+
+def _compute_factor(g: Graph, sc: Scenario, ctx: Context) -> F64 | None:
+    """Per rank: the factor its compute is scaled by."""
+    n_ranks = int(g.n_rank.max()) + 1 if len(g.n_rank) else 0
+    comp = np.bincount(g.n_rank, weights=g.n_busy[:, 0], minlength=n_ranks)
+    present = np.bincount(g.n_rank, minlength=n_ranks) > 0
+    stage = np.array([ctx.stage_of.get(r, 0) for r in range(n_ranks)])
+    f = np.ones(n_ranks)
+    if sc.kind == "stage-balance":
+        if not ctx.stage_of:
+            return None
+        per_stage = {
+            s: float(np.mean(comp[(stage == s) & present])) for s in set(stage[present].tolist())
+        }
+        mean = float(np.mean(list(per_stage.values())))
+        for s, c in per_stage.items():
+            if c > 0:
+                f[stage == s] = mean / c
+        return f
+    targets = sc.ranks or tuple(int(r) for r in np.flatnonzero(present))
+    for r in targets:
+        if r >= n_ranks or not present[r] or comp[r] <= 0:
+            continue
+        peers = present & (stage == stage[r])
+        if sc.ranks:
+            peers[r] = False
+        if not peers.any():
+            continue
+        med = float(np.median(comp[peers]))
+        f[r] = min(1.0, med / comp[r])
+    return f
+
+
+def run_scenarios(g: Graph, scenarios: list[Scenario], ctx: Context) -> list[Outcome]:
+    """Replay each scenario; predicted step times per step, or the note why it changes nothing."""
+    out = []
+    for sc in scenarios:
+        add, lag, note = durations(g, sc, ctx)
+        if note:
+            out.append(Outcome(sc, None, note))
+            continue
+        out.append(Outcome(sc, gr.step_times(g, gr.replay(g, add, lag))))
+    return out
+
+
+def node_pattern_ns(con: duckdb.DuckDBPyConnection, g: Graph, pattern: str) -> F64:
+    """Per node: summed duration of its compute/copy events whose name matches `pattern`
+    (needs the numbered events, temp table _cp_ev; the pattern is a bound parameter)."""
+    try:
+        rows = con.execute(
+            "SELECT eid, e - s FROM _cp_ev WHERE cls <> 1 AND regexp_matches(name, ?)", [pattern]
+        ).fetchnumpy()
+    except duckdb.Error as exc:  # RE2 refuses what Python's re accepts (look-arounds)
+        raise WhatIfError(
+            f"the regular expression {pattern!r} is not one DuckDB (RE2) reads: {exc}",
+            "use RE2 syntax: no look-arounds or back-references",
+        ) from None
+    eid = np.asarray(rows["eid"], dtype=np.int64)
+    dur = np.asarray(rows[list(rows)[1]], dtype=np.float64)
+    return np.bincount(g.ev_node[eid], weights=dur, minlength=len(g.n_start)).astype(np.float64)
+
+
+def node_contention_ns(con: duckdb.DuckDBPyConnection, g: Graph) -> F64:
+    """Per node: the time its compute kernels lost beside communication (dur - the class's
+    alone median on the rank, for those that ran overlapped; contention.sql's definitions)."""
+    rows = con.execute(
+        "WITH k AS MATERIALIZED (SELECT * FROM contention_kernels(0.5)), "
+        "b AS (SELECT rank, cls, op, median(dur) AS t_alone FROM k WHERE state = 'alone' "
+        "      GROUP BY ALL HAVING count(*) >= 3) "
+        "SELECT v.eid, k.dur - b.t_alone AS excess FROM k JOIN b USING (rank, cls, op) "
+        "JOIN _cp_ev v ON v.rank = k.rank AND v.stream = k.stream AND v.raw_ts = k.s "
+        "  AND v.cls = 0 "
+        "WHERE k.state = 'overlapped' AND k.dur > b.t_alone"
+    ).fetchnumpy()
+    eid = np.asarray(rows["eid"], dtype=np.int64)
+    ex = np.asarray(rows["excess"], dtype=np.float64)
+    return np.bincount(g.ev_node[eid], weights=ex, minlength=len(g.n_start)).astype(np.float64)

@@ -1,0 +1,151 @@
+"""Critical path and what-if replay against truths that could fail: the generator's measured step
+times (the replay of the unchanged graph must reproduce them), the same job generated without its
+fault (a fix's prediction must land within 5% of it), the injected straggler (the path must run
+through it), networkx's own topological order (the replay must give the same values), and the
+path adding up to the step."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+import networkx as nx
+import numpy as np
+import pytest
+from ranklens.analysis import critical_path as cp
+from ranklens.analysis import graph_build as gb
+from ranklens.analysis import graph_replay as gr
+from ranklens.analysis import whatif as wi
+from ranklens.sample_traces.gpu_job import GpuJob, write_job
+
+Ingest = Callable[..., duckdb.DuckDBPyConnection]
+BASE = {"tp": 2, "dp": 2, "pp": 4, "m": 8, "steps": 2}
+
+
+def _job(tmp_path: Path, ingest: Ingest, name: str, **kw: object) -> duckdb.DuckDBPyConnection:
+    write_job(GpuJob(**{**BASE, **kw}), tmp_path / name)  # type: ignore[arg-type]
+    return ingest([tmp_path / name])
+
+
+def _predict(con: duckdb.DuckDBPyConnection, scenario: str) -> np.ndarray:
+    m = cp.model(con)
+    (o,) = wi.run_scenarios(m.graph, [wi.parse(scenario)], m.ctx)
+    assert o.predicted is not None, o.note
+    return o.predicted
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"peers": False},
+        {"batched": True},
+        {"schedule": "interleaved", "v": 2},
+        {"schedule": "gpipe", "peers": False},
+        {"dp_overlap": True, "contention": 1.25},
+    ],
+    ids=["1f1b", "no-peers", "batched", "interleaved", "gpipe", "dp-overlap"],
+)
+def test_replay_reproduces_generated_steps(tmp_path: Path, ingest: Ingest, kw: dict) -> None:
+    """Unchanged replay = the generator's step windows (within 2%; Lumos reports 3.3%), and
+    the critical path of each step adds up to it without gaps or overlaps."""
+    con = _job(tmp_path, ingest, "run", **kw)
+    m = cp.model(con)
+    measured = gr.measured_step_times(m.graph)
+    replayed = gr.step_times(m.graph, m.base)
+    assert len(measured) == BASE["steps"]
+    assert np.all(np.abs(replayed / measured - 1) <= 0.02)
+    for i, step in enumerate(m.graph.steps.tolist()):
+        segs = [s for s in m.path if s.step == step]
+        assert all(a.end_ns == b.start_ns for a, b in itertools.pairwise(segs))
+        assert segs[-1].end_ns - segs[0].start_ns == replayed[i]
+
+
+@pytest.mark.parametrize(
+    ("fault", "fixed", "scenario"),
+    [
+        ({"rank_factor": {13: 1.3}}, {}, "straggler:13"),
+        ({"rank_factor": {13: 1.3}}, {}, "straggler"),
+        (
+            {"stage_factor": {3: 1.15}},
+            {"stage_factor": dict.fromkeys(range(4), 1.0375)},
+            "stage-balance",
+        ),
+        ({"dp_overlap": True, "contention": 1.25}, {"dp_overlap": True}, "contention"),
+    ],
+    ids=["straggler-13", "straggler-all", "slow-stage", "contention"],
+)
+def test_fix_predicts_the_job_without_the_fault(
+    tmp_path: Path, ingest: Ingest, fault: dict, fixed: dict, scenario: str
+) -> None:
+    """The fix replayed on the faulty job = the step time of the same job generated without
+    the fault (a slow stage's layers rebalanced: every stage at the mean factor), within 5%;
+    and the fault cost something to begin with (else the check proves nothing)."""
+    bad = _job(tmp_path, ingest, "bad", **fault)
+    good = _job(tmp_path, ingest, "good", **fixed)
+    truth = gr.measured_step_times(gb.build(good))
+    measured_bad = gr.measured_step_times(gb.build(bad))
+    assert np.all(measured_bad > truth * 1.02)
+    predicted = _predict(bad, scenario)
+    assert np.all(np.abs(predicted / truth - 1) <= 0.05), (predicted, truth)
+
+
+def test_critical_path_runs_through_the_straggler(tmp_path: Path, ingest: Ingest) -> None:
+    """Rank 13 computes 1.3x slower: it holds the largest share of every step's path."""
+    con = _job(tmp_path, ingest, "run", rank_factor={13: 1.3})
+    res = cp.run(con)
+    assert res.table["top_rank"].to_list() == [13, 13]
+    assert (res.table["replay_error"].abs() <= 0.02).all()
+    path = res.tables["critical_path"]
+    assert path.filter(path["rank"] == 13)["category"].unique().to_list().count("compute") == 1
+    cats = [c for c in res.table.columns if c.endswith("_ns") and "step" not in c]
+    total = res.table.select(cats).sum_horizontal()
+    assert (total == res.table["replayed_step_ns"]).all()
+
+
+def test_replay_equals_networkx_longest_path(tmp_path: Path, ingest: Ingest) -> None:
+    """networkx's topological order (independent of ours) gives the same vertex values."""
+    con = _job(tmp_path, ingest, "run", tp=1, dp=2, m=4, rank_factor={5: 1.2})
+    g = gb.build(con)
+    d = gb.to_networkx(g)
+    assert nx.is_directed_acyclic_graph(d)
+    val: dict[int, int] = {}
+    for v in nx.topological_sort(d):
+        best = d.nodes[v]["base"]
+        for u in d.predecessors(v):
+            best = max(best, val[u] + d.edges[u, v]["lag"])
+        val[v] = best + d.nodes[v]["add"]
+    ours = gr.replay(g).value
+    assert [val[v] for v in range(len(ours))] == ours.tolist()
+
+
+def test_overlap_and_scale_comm_order(tmp_path: Path, ingest: Ingest) -> None:
+    """Hiding DP communication saves at least as much as making it 2x faster, which saves
+    something; scaling kernels to 0.8 shortens the step by no more than 20%."""
+    con = _job(tmp_path, ingest, "run", dp_overlap=False, dp_us=3000.0)
+    m = cp.model(con, patterns=("gemm",))
+    base = gr.step_times(m.graph, m.base)
+    out = {
+        o.scenario.name: o.predicted
+        for o in wi.run_scenarios(
+            m.graph,
+            [wi.parse(s) for s in ("overlap:dp", "scale-comm:dp=2", "scale-kernels:gemm=0.8")],
+            m.ctx,
+        )
+    }
+    hidden, faster, kernels = (
+        out["overlap:dp"],
+        out["scale-comm:dp=2"],
+        out["scale-kernels:gemm=0.8"],
+    )
+    assert hidden is not None and faster is not None and kernels is not None
+    assert np.all(hidden <= faster) and np.all(faster < base)
+    assert np.all(kernels < base) and np.all(kernels >= base * 0.8)
+
+
+@pytest.mark.parametrize("bad", ["bogus", "straggler:x", "scale-comm:dp", "scale-kernels:(=2"])
+def test_bad_scenarios_are_errors(bad: str) -> None:
+    with pytest.raises(wi.WhatIfError):
+        wi.parse(bad)
