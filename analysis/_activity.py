@@ -7,11 +7,9 @@ the report, which runs them back to back) compute them once instead of once per 
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-
 import duckdb
 import polars as pl
-from ranklens.analysis._sql import apply_sql, materialized, query_pl
+from ranklens.analysis._sql import HeldViews, apply_sql, query_pl
 
 # The analyses that read them.
 USERS: tuple[str, ...] = ("breakdown", "overlap", "stragglers")
@@ -25,13 +23,10 @@ HELD_VIEWS: tuple[str, ...] = (
 )
 
 
-def held(
-    con: duckdb.DuckDBPyConnection, views: tuple[str, ...] = HELD_VIEWS
-) -> AbstractContextManager[None]:
-    """Apply intervals.sql and activity.sql and hold the activity views (all, or `views`, in
+def held(con: duckdb.DuckDBPyConnection, views: tuple[str, ...] = HELD_VIEWS) -> HeldViews:
+    """Apply activity.sql (and what it requires) and hold the activity views (all, or `views`, in
     dependency order) while the block runs; the database must not change meanwhile."""
-    apply_sql(con, "intervals")
-    return materialized(con, "activity", *views)
+    return HeldViews(con, "activity", *views)
 
 
 def read(con: duckdb.DuckDBPyConnection, sql_file: str, *queries: str) -> list[pl.DataFrame]:

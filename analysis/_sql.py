@@ -2,38 +2,69 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import re
+from functools import cache
 from importlib import resources
 
 import duckdb
 import polars as pl
 
-_LOADED_ATTR = "_ranklens_sql_loaded"
 _HELD = "_ranklens_held_"  # prefix of the temp tables that hold a view's rows (materialized)
 
 
+_REQUIRES = re.compile(r"\A-- requires: ([\w, ]+)\n")
+
+
+@cache
 def sql_text(name: str) -> str:
     """The text of analysis/sql/<name>.sql, shipped as package data."""
     return resources.files("ranklens.analysis").joinpath(f"sql/{name}.sql").read_text()
 
 
-def apply_sql(con: duckdb.DuckDBPyConnection, *names: str) -> None:
-    """Create the temp views/macros of the named SQL files (idempotent: CREATE OR REPLACE).
+def requires(name: str) -> tuple[str, ...]:
+    """The SQL files `name` builds on, from its first line `-- requires: a, b`."""
+    m = _REQUIRES.match(sql_text(name))
+    return tuple(r.strip() for r in m.group(1).split(",")) if m else ()
 
-    Views held by an enclosing `materialized` scope keep reading their temp table. ASOF joins
+
+def with_requirements(names: tuple[str, ...] | list[str]) -> list[str]:
+    """`names` and every file they require, each once, a file after those it requires.
+
+    Why: a file says what it builds on in one place, so no caller lists (and keeps in order)
+    the shared building blocks (intervals.sql, activity.sql) it happens to need."""
+    out: list[str] = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in path:
+            raise ValueError(f"SQL files require each other: {' -> '.join((*path, name))}")
+        if name not in out:
+            for dep in requires(name):
+                visit(dep, (*path, name))
+            out.append(name)
+
+    for name in names:
+        visit(name, ())
+    return out
+
+
+def apply_sql(con: duckdb.DuckDBPyConnection, *names: str) -> None:
+    """Create the temp views/macros of the named SQL files and the files they require
+    (idempotent: CREATE OR REPLACE).
+
+    Views held by an enclosing HeldViews block keep reading their temp table. ASOF joins
     stay ASOF joins: DuckDB turns one whose left side it *estimates* small into a nested loop
     (asof_loop_join_threshold), and its estimate of a materialized CTE can be far too small
     (the pipeline blocks of 1,024 ranks: 35 s as a loop, 0.7 s as an ASOF join)."""
     # a sandboxed connection (sql_console.safe_connect) has it from its config, locked
     if con.execute("SELECT current_setting('asof_loop_join_threshold')").fetchone() != (0,):
         con.execute("SET asof_loop_join_threshold = 0")
-    for name in names:
+    for name in with_requirements(names):
         con.execute(sql_text(name))
-    _redirect(con, _held(con))
+    _redirect(con, held_views(con))
 
 
-def _held(con: duckdb.DuckDBPyConnection) -> list[str]:
+def held_views(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The views whose rows a HeldViews block holds on `con` right now."""
     rows = con.execute(
         "SELECT table_name FROM duckdb_tables() WHERE temporary AND starts_with(table_name, ?)",
         [_HELD],
@@ -46,31 +77,49 @@ def _redirect(con: duckdb.DuckDBPyConnection, views: list[str]) -> None:
         con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM temp.{_HELD}{view}")
 
 
-@contextmanager
-def materialized(con: duckdb.DuckDBPyConnection, sql_file: str, *views: str) -> Iterator[None]:
-    """Apply `sql_file`, hold the rows of these of its views (in dependency order) in temp
-    tables while the block runs, then restore the views.
+class HeldViews:
+    """The rows of some views of one SQL file, held in temp tables for one `with` block.
 
     Why: a view is recomputed by every query that reads it, and an analysis reads its interval
     unions from several queries (the report from several analyses), each a sort of every event.
-    Only for a block during which the database does not change. A scope nested in one that
-    already holds a view leaves it to the outer one."""
-    apply_sql(con, sql_file)
-    held = set(_held(con))
-    mine: list[str] = []
-    try:
-        for view in views:
-            if view in held:
-                continue
-            mine.append(view)
-            con.execute(f"CREATE OR REPLACE TEMP TABLE {_HELD}{view} AS SELECT * FROM {view}")
-            _redirect(con, [view])
-        yield
-    finally:
-        if mine:
-            for view in mine:
-                con.execute(f"DROP TABLE IF EXISTS temp.{_HELD}{view}")
-            apply_sql(con, sql_file)
+    Lifetime: entering applies `sql_file` and fills a temp table per view (in the given order:
+    each may read the ones before it, already held) and points the view at it; every
+    apply_sql meanwhile keeps it pointed there; leaving drops the tables and restores the views.
+    The state lives in the database (temp tables named _ranklens_held_<view>), so a nested
+    block over a view an outer one holds leaves it to the outer one. Only for a block during
+    which the database does not change."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, sql_file: str, *views: str) -> None:
+        self.con, self.sql_file, self.views = con, sql_file, views
+        self.mine: list[str] = []  # the views this block holds (not an enclosing one)
+
+    def __enter__(self) -> HeldViews:
+        apply_sql(self.con, self.sql_file)
+        outer = set(held_views(self.con))
+        try:
+            for view in self.views:
+                if view in outer:
+                    continue
+                self.mine.append(view)
+                self.con.execute(
+                    f"CREATE OR REPLACE TEMP TABLE {_HELD}{view} AS SELECT * FROM {view}"
+                )
+                _redirect(self.con, [view])
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop this block's tables and restore its views (idempotent)."""
+        if self.mine:
+            for view in self.mine:
+                self.con.execute(f"DROP TABLE IF EXISTS temp.{_HELD}{view}")
+            self.mine = []
+            apply_sql(self.con, self.sql_file)
 
 
 def query_pl(

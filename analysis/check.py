@@ -9,7 +9,6 @@ the reason, never as passed, and fail the gate unless the caller allows skipped 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, replace
 from typing import Any
@@ -64,26 +63,18 @@ _QUERIES: dict[str, str] = {
         FROM overlap_by_parallelism p
         JOIN (SELECT rank, step, window_ns FROM overlap_by_step) w USING (rank, step)
         GROUP BY p.rank, p.parallelism""",
-    # Per stage: bubble / (bubble + work) summed over steps (a ratio of sums, as in the report).
+    # Per stage: the report's bubble fraction (pipeline_steps.sql pipeline_stage_bubble).
     "max_bubble": """SELECT 'stage ' || stage || ' (rank ' || rank || ')' AS subject,
-        sum(bubble_ns) / nullif(sum(bubble_ns) + sum(work_ns), 0) AS value
-        FROM pipeline_by_step WHERE work_ns IS NOT NULL GROUP BY rank, stage
-        HAVING value IS NOT NULL""",
+        bubble_fraction AS value FROM pipeline_stage_bubble WHERE bubble_fraction IS NOT NULL""",
     "max_straggler_wait": """SELECT 'rank ' || rank AS subject, net_held_back_share AS value
         FROM stragglers_by_rank WHERE net_held_back_share IS NOT NULL""",
     "max_align_residual_us": """SELECT 'rank ' || rank AS subject,
         align_residual_ns / 1000.0 AS value FROM ranks WHERE align_residual_ns IS NOT NULL""",
 }
 
-# Metrics provided by analyses registered later (pipeline, stragglers): a query per metric
-# that those modules contribute through EXTRA_METRICS.
-EXTRA_METRICS: dict[str, Callable[[duckdb.DuckDBPyConnection], pl.DataFrame | None]] = {}
-
 
 def metric_rows(con: duckdb.DuckDBPyConnection, name: str) -> pl.DataFrame | None:
     """(subject, value[, parallelism]) rows of a metric, or None when the run has no data."""
-    if name in EXTRA_METRICS:
-        return EXTRA_METRICS[name](con)
     q = _QUERIES.get(name)
     if q is None:
         return None

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
 from ranklens.ingest.errors import RanklensError
+from ranklens.ingest.tomlfile import load_toml
 
 # name -> (kind, doc). kind "max"/"min": a single number; "max_by": per parallelism or "all".
 THRESHOLDS: dict[str, tuple[str, str]] = {
@@ -76,8 +76,8 @@ def _number(name: str, raw: Any) -> float:
 
 def _read_toml(path: Path, section: tuple[str, ...]) -> dict[str, Any]:
     try:
-        doc = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        doc = load_toml(path)
+    except (OSError, ValueError) as exc:  # ValueError: TOMLDecodeError
         raise ConfigError(
             f"{path}: cannot read thresholds ({exc})", "check the TOML syntax"
         ) from None

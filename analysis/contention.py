@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import duckdb
 import polars as pl
 from ranklens.analysis._base import Finding, Result, Severity
-from ranklens.analysis._sql import apply_sql, materialized, query_pl
+from ranklens.analysis._sql import HeldViews, query_pl
 
 NAME = "contention"
 
@@ -68,10 +68,9 @@ class Params:
 
 def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     """Kernel classes, per-step losses, comm-vs-comm classes and copy hiding."""
-    apply_sql(con, "intervals")
     # The comm islands are read by two queries; the kernel overlap (a join over every kernel)
     # by two more: each is computed once.
-    with materialized(con, "contention", "_contention_comm", "_contention_comm_islands"):
+    with HeldViews(con, "contention", "_contention_comm", "_contention_comm_islands"):
         con.execute(
             "CREATE OR REPLACE TEMP TABLE _contention_run AS SELECT * FROM contention_kernels($m)",
             {"m": params.min_overlap},

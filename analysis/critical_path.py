@@ -27,7 +27,7 @@ COLUMNS: dict[str, str] = {
     "measured_step_ns": "First rank's window start to the last end, on the job clock.",
     "replayed_step_ns": "The same from the replay of the unchanged graph.",
     "replay_error": "replayed / measured - 1 (0 when the graph explains every start).",
-    "path_ranks": "Ranks the critical path passes through.",
+    "path_ranks": "Ranks the critical path passes through (comma-separated).",
     "top_rank": "The rank holding most of the path.",
     **{f"{c}_ns": f"Path time: {d}." for c, d in gr.CATEGORY_DOC.items()},
 }
@@ -100,7 +100,7 @@ def _names(con: duckdb.DuckDBPyConnection, g: gb.Graph, nodes: set[int]) -> dict
     want = sorted(n for n in nodes if n >= 0)
     eids = [int(g.n_first_eid[n]) for n in want]
     rows = con.execute(
-        "SELECT eid, name FROM _cp_ev WHERE eid IN (SELECT unnest(?::BIGINT[]))", [eids]
+        "SELECT eid, name FROM _critical_path_ev WHERE eid IN (SELECT unnest(?::BIGINT[]))", [eids]
     ).fetchall()
     by_eid = {int(e): str(n) for e, n in rows}
     return {n: by_eid.get(e, "") for n, e in zip(want, eids, strict=True)}
@@ -183,7 +183,7 @@ def summary_table(m: Model, path: pl.DataFrame) -> pl.DataFrame:
                 "measured_step_ns": int(measured[i]),
                 "replayed_step_ns": int(replayed[i]),
                 "replay_error": float(replayed[i] / measured[i] - 1) if measured[i] else 0.0,
-                "path_ranks": sorted(by_rank["rank"].to_list()),
+                "path_ranks": ",".join(str(r) for r in sorted(by_rank["rank"].to_list())),
                 "top_rank": int(top[0]) if len(top) else None,
                 **{f"{c}_ns": int(cats.get(c, 0)) for c in gr.CATEGORIES},
             }
@@ -193,7 +193,7 @@ def summary_table(m: Model, path: pl.DataFrame) -> pl.DataFrame:
         "measured_step_ns": pl.Int64,
         "replayed_step_ns": pl.Int64,
         "replay_error": pl.Float64,
-        "path_ranks": pl.List(pl.Int64),
+        "path_ranks": pl.Utf8,
         "top_rank": pl.Int64,
         **{f"{c}_ns": pl.Int64 for c in gr.CATEGORIES},
     }

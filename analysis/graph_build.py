@@ -76,6 +76,7 @@ class Graph:
     # instances
     inst_id: I64
     inst_par: npt.NDArray[np.str_]
+    inst_p2p: npt.NDArray[np.bool_]  # a send/recv: a data dependency, never hidden
     # steps: measured step time and what the replay keeps fixed
     steps: I64
     step_w_start: I64  # first start of a rank's window
@@ -103,23 +104,26 @@ def build(
     during: Callable[[duckdb.DuckDBPyConnection, Graph], None] | None = None,
 ) -> Graph:
     """Read the run's activity and matched collectives and build the graph of every step;
-    `during(con, graph)` runs while the numbered events (temp table _cp_ev) exist."""
+    `during(con, graph)` runs while the numbered events (temp table _critical_path_ev) exist."""
     try:
-        apply_sql(con, "critical_path")  # numbers the events into temp table _cp_ev
+        apply_sql(con, "critical_path")  # numbers the events into temp table _critical_path_ev
         ev = con.execute(
-            "SELECT rank, step, device, stream, is_comm, cls, s, e, has_gpu FROM _cp_ev "
+            "SELECT rank, step, device, stream, is_comm, cls, s, e, has_gpu FROM _critical_path_ev "
             "ORDER BY eid"
         ).fetchnumpy()
         mem = con.execute(
-            "SELECT eid, instance_id, arr, parallelism FROM _cp_members ORDER BY instance_id, eid"
+            "SELECT eid, instance_id, arr, parallelism, p2p FROM _critical_path_members "
+            "ORDER BY instance_id, eid"
         ).fetchnumpy()
-        win = con.execute("SELECT rank, step, w_start, w_end FROM _cp_windows").fetchnumpy()
+        win = con.execute(
+            "SELECT rank, step, w_start, w_end FROM _critical_path_windows"
+        ).fetchnumpy()
         g = _assemble(ev, mem, win, p)
         if during is not None:
             during(con, g)
     finally:
-        con.execute("DROP VIEW IF EXISTS temp._cp_members")
-        con.execute("DROP TABLE IF EXISTS temp._cp_ev")
+        con.execute("DROP VIEW IF EXISTS temp._critical_path_members")
+        con.execute("DROP TABLE IF EXISTS temp._critical_path_ev")
     return g
 
 
@@ -218,7 +222,7 @@ def _assemble(ev: dict, mem: dict, win: dict, p: BuildParams) -> Graph:  # type:
     )
     bind = np.argmax(ready, axis=1)
     lag = np.maximum(n_start - ready[np.arange(nn), bind], 0)
-    g = _Edges()
+    g = gu.Edges()
     for k, src in ((E_LANE, lane_src), (E_SYNC, sync_src)):
         ok = src >= 0
         g.add(np.flatnonzero(ok), src[ok], np.where(bind[ok] == k, lag[ok], 0), k)
@@ -260,6 +264,8 @@ def _assemble(ev: dict, mem: dict, win: dict, p: BuildParams) -> Graph:  # type:
 
     par = np.empty(ni, dtype=object)
     par[inst_idx] = np.asarray(mem["parallelism"], dtype=object)
+    p2p = np.zeros(ni, dtype=bool)
+    p2p[inst_idx] = np.asarray(mem["p2p"], dtype=bool)
     inst_step = np.zeros(ni, dtype=np.int64)
     inst_step[inst_idx] = n_step[node_of_member]
     v_kind = np.concatenate(
@@ -275,7 +281,7 @@ def _assemble(ev: dict, mem: dict, win: dict, p: BuildParams) -> Graph:  # type:
     end_t = n_end[comm_nodes].copy()
     np.maximum.at(end_t, np.searchsorted(comm_nodes, node_of_member), join_s[inst_idx] + 1)
     key = np.concatenate([4 * (n_start - t0) + 2, 4 * (end_t - t0) + 1, 4 * (join_s - t0) + 3])
-    steps, st_start, st_end, st_act = _step_table(
+    steps, st_start, st_end, st_act = gu.step_table(
         rs_step, w_rs_start, w_rs_end, n_rs, rs[starts], n_end
     )
     return Graph(
@@ -301,99 +307,15 @@ def _assemble(ev: dict, mem: dict, win: dict, p: BuildParams) -> Graph:  # type:
         e_inst=einst,
         inst_id=inst_u.astype(np.int64),
         inst_par=par.astype(str),
+        inst_p2p=p2p,
         steps=steps,
         step_w_start=st_start,
         step_w_end=st_end,
         step_act_end=st_act,
-        order=_topo_order(key, ptr, src),
+        order=gu.topo_order(key, ptr, src),
         inconsistent=inconsistent,
         ranks_gpu={int(r): bool(x) for r, x in zip(n_rank, gpu[n_first_eid], strict=True)},
     )
-
-
-class _Edges:
-    """Edge lists gathered piecewise, then sorted by destination."""
-
-    def __init__(self) -> None:
-        self.parts: list[tuple[I64, I64, I64, I64, I64]] = []
-
-    def add(self, dst: I64, src: I64, lag: I64, kind: int, inst: I64 | None = None) -> None:
-        n = len(dst)
-        ins = np.full(n, -1, dtype=np.int64) if inst is None else np.asarray(inst, np.int64)
-        self.parts.append(
-            (
-                np.asarray(dst, np.int64),
-                np.asarray(src, np.int64),
-                np.asarray(lag, np.int64),
-                np.full(n, kind, dtype=np.int64),
-                ins,
-            )
-        )
-
-    def redirect(self, vertex_of_node: I64) -> None:
-        """Edges added so far leave from vertex_of_node[src] (a comm node's end)."""
-        self.parts = [(d, vertex_of_node[s], lg, k, i) for d, s, lg, k, i in self.parts]
-
-    def csr(self, n_vertices: int) -> tuple[I64, I64, I64, I64, I64]:
-        if not self.parts:
-            z = np.zeros(0, dtype=np.int64)
-            return np.zeros(n_vertices + 1, dtype=np.int64), z, z, z, z
-        dst, src, lag, kind, inst = (np.concatenate(c) for c in zip(*self.parts, strict=True))
-        o = np.argsort(dst, kind="stable")
-        ptr = np.zeros(n_vertices + 1, dtype=np.int64)
-        np.cumsum(np.bincount(dst, minlength=n_vertices), out=ptr[1:])
-        return ptr, src[o], lag[o], kind[o], inst[o]
-
-
-def _topo_order(key: I64, ptr: I64, src: I64) -> I64:
-    """Vertices by their measured-time key; Kahn's algorithm (the key breaking ties) when a
-    clock disagreement puts an edge backwards."""
-    n = len(key)
-    order = np.lexsort((np.arange(n), key))
-    pos = np.empty(n, dtype=np.int64)
-    pos[order] = np.arange(n)
-    dst = np.repeat(np.arange(n), np.diff(ptr))
-    if np.all(pos[src] < pos[dst]):
-        return order
-    out_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=out_ptr[1:])
-    succ = dst[np.argsort(src, kind="stable")].tolist()
-    optr = out_ptr.tolist()
-    indeg = np.diff(ptr).tolist()
-    rank_of = pos.tolist()
-    import heapq
-
-    heap = [(rank_of[v], v) for v in range(n) if indeg[v] == 0]
-    heapq.heapify(heap)
-    out: list[int] = []
-    while heap:
-        _, v = heapq.heappop(heap)
-        out.append(v)
-        for k in range(optr[v], optr[v + 1]):
-            w = succ[k]
-            indeg[w] -= 1
-            if indeg[w] == 0:
-                heapq.heappush(heap, (rank_of[w], w))
-    if len(out) != n:
-        raise ValueError("the dependency graph has a cycle")
-    return np.asarray(out, dtype=np.int64)
-
-
-def _step_table(
-    rs_step: I64, w_start: I64, w_end: I64, n_rs: int, node_rs: I64, n_end: I64
-) -> tuple[I64, I64, I64, I64]:
-    """Per step: first window start, last window end, last activity end (all ranks)."""
-    act = np.full(n_rs, NEG, dtype=np.int64)
-    np.maximum.at(act, node_rs, n_end)
-    steps, inv = np.unique(rs_step, return_inverse=True)
-    k = len(steps)
-    st = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
-    en = np.full(k, NEG, dtype=np.int64)
-    ae = np.full(k, NEG, dtype=np.int64)
-    np.minimum.at(st, inv, w_start)
-    np.maximum.at(en, inv, w_end)
-    np.maximum.at(ae, inv, act)
-    return steps.astype(np.int64), st, np.maximum(en, ae), ae
 
 
 def to_networkx(g: Graph) -> nx.DiGraph:

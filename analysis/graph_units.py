@@ -3,6 +3,7 @@ the step windows of the nodes (numpy; a loop per event would take minutes at 10 
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 import numpy as np
@@ -152,3 +153,86 @@ def window_of(
         ws[hit] = np.minimum(w_s[o][j][hit], first[hit])
         we[hit] = w_e[o][j][hit]
     return ws[n_rs], we[n_rs]
+
+
+class Edges:
+    """Edge lists gathered piecewise, then sorted by destination."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[I64, I64, I64, I64, I64]] = []
+
+    def add(self, dst: I64, src: I64, lag: I64, kind: int, inst: I64 | None = None) -> None:
+        n = len(dst)
+        ins = np.full(n, -1, dtype=np.int64) if inst is None else np.asarray(inst, np.int64)
+        self.parts.append(
+            (
+                np.asarray(dst, np.int64),
+                np.asarray(src, np.int64),
+                np.asarray(lag, np.int64),
+                np.full(n, kind, dtype=np.int64),
+                ins,
+            )
+        )
+
+    def redirect(self, vertex_of_node: I64) -> None:
+        """Edges added so far leave from vertex_of_node[src] (a comm node's end)."""
+        self.parts = [(d, vertex_of_node[s], lg, k, i) for d, s, lg, k, i in self.parts]
+
+    def csr(self, n_vertices: int) -> tuple[I64, I64, I64, I64, I64]:
+        if not self.parts:
+            z = np.zeros(0, dtype=np.int64)
+            return np.zeros(n_vertices + 1, dtype=np.int64), z, z, z, z
+        dst, src, lag, kind, inst = (np.concatenate(c) for c in zip(*self.parts, strict=True))
+        o = np.argsort(dst, kind="stable")
+        ptr = np.zeros(n_vertices + 1, dtype=np.int64)
+        np.cumsum(np.bincount(dst, minlength=n_vertices), out=ptr[1:])
+        return ptr, src[o], lag[o], kind[o], inst[o]
+
+
+def topo_order(key: I64, ptr: I64, src: I64) -> I64:
+    """Vertices by their measured-time key; Kahn's algorithm (the key breaking ties) when a
+    clock disagreement puts an edge backwards."""
+    n = len(key)
+    order = np.lexsort((np.arange(n), key))
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    dst = np.repeat(np.arange(n), np.diff(ptr))
+    if np.all(pos[src] < pos[dst]):
+        return order
+    out_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=out_ptr[1:])
+    succ = dst[np.argsort(src, kind="stable")].tolist()
+    optr = out_ptr.tolist()
+    indeg = np.diff(ptr).tolist()
+    rank_of = pos.tolist()
+    heap = [(rank_of[v], v) for v in range(n) if indeg[v] == 0]
+    heapq.heapify(heap)
+    out: list[int] = []
+    while heap:
+        _, v = heapq.heappop(heap)
+        out.append(v)
+        for k in range(optr[v], optr[v + 1]):
+            w = succ[k]
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                heapq.heappush(heap, (rank_of[w], w))
+    if len(out) != n:
+        raise ValueError("the dependency graph has a cycle")
+    return np.asarray(out, dtype=np.int64)
+
+
+def step_table(
+    rs_step: I64, w_start: I64, w_end: I64, n_rs: int, node_rs: I64, n_end: I64
+) -> tuple[I64, I64, I64, I64]:
+    """Per step: first window start, last window end, last activity end (all ranks)."""
+    act = np.full(n_rs, NEG, dtype=np.int64)
+    np.maximum.at(act, node_rs, n_end)
+    steps, inv = np.unique(rs_step, return_inverse=True)
+    k = len(steps)
+    st = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
+    en = np.full(k, NEG, dtype=np.int64)
+    ae = np.full(k, NEG, dtype=np.int64)
+    np.minimum.at(st, inv, w_start)
+    np.maximum.at(en, inv, w_end)
+    np.maximum.at(ae, inv, act)
+    return steps.astype(np.int64), st, np.maximum(en, ae), ae

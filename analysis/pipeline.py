@@ -35,7 +35,7 @@ from ranklens.analysis.pipeline_findings import findings
 from ranklens.analysis.pipeline_model import Block, decompose
 
 NAME = "pipeline"
-SQL_FILES = ("intervals", "pipeline", "pipeline_p2p", "pipeline_steps")
+SQL_FILES = ("pipeline", "pipeline_p2p", "pipeline_steps")
 
 COLUMNS: dict[str, str] = {
     "rank": "Global rank (one pipeline stage).",
@@ -126,7 +126,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
         .select(list(COLUMNS))
         .sort("rank", "step")
     )
-    per_stage = _per_stage(table)
+    per_stage = _per_stage(table, query_pl(con, "SELECT * FROM pipeline_stage_bubble"))
     return Result(
         NAME,
         table,
@@ -268,8 +268,9 @@ def _decomposition(
     return out
 
 
-def _per_stage(table: pl.DataFrame) -> pl.DataFrame:
-    """Totals per stage over its steps (ratios of sums), for reports."""
+def _per_stage(table: pl.DataFrame, bubble: pl.DataFrame) -> pl.DataFrame:
+    """Totals per stage over its steps, for reports, with the bubble fraction of `bubble`
+    (pipeline_stage_bubble: the one definition, which `check --max-bubble` reads too)."""
     ns = [
         "window_ns",
         "work_ns",
@@ -289,10 +290,6 @@ def _per_stage(table: pl.DataFrame) -> pl.DataFrame:
             pl.col("schedule").first(),
             pl.col("microbatches").first(),
         )
-        .with_columns(
-            (pl.col("bubble_ns") / (pl.col("bubble_ns") + pl.col("work_ns"))).alias(
-                "bubble_fraction"
-            )
-        )
+        .join(bubble, on=["rank", "pp_group", "stage"], how="left")
         .sort("pp_group", "stage")
     )

@@ -31,6 +31,7 @@ def _exposed(f: Finding) -> str | None:
 SCENARIO_OF: dict[str, Callable[[Finding], str | None]] = {
     "STRAGGLER_RANK": _straggler,
     "STRAGGLER_COMPUTE_IMBALANCE": _straggler,
+    "STRAGGLER_EXPOSED_WAIT": lambda f: "straggler",  # its fix: late ranks at their peers' pace
     "PIPELINE_STAGE_IMBALANCE": lambda f: "stage-balance",
     "CONTENTION_COMPUTE_SLOWDOWN": lambda f: "contention",
     "OVERLAP_EXPOSED_COMM_HIGH": _exposed,
@@ -44,7 +45,7 @@ def attach(m: cp.Model, findings: list[Finding]) -> tuple[list[Finding], list[wi
     outcomes = wi.run_scenarios(m.graph, [wi.parse(n) for n in names], m.ctx)
     replayed = float(np.mean(gr.step_times(m.graph, m.base))) if len(m.graph.steps) else 0.0
     saving: dict[str, int] = {
-        o.scenario.name: int(round(replayed - float(np.mean(o.predicted))))
+        o.scenario.name: round(replayed - float(np.mean(o.predicted)))
         for o in outcomes
         if o.predicted is not None
     }

@@ -33,7 +33,7 @@ import duckdb
 import polars as pl
 from ranklens.analysis import _activity
 from ranklens.analysis._base import Finding, Result, Severity
-from ranklens.analysis._sql import materialized, query_pl
+from ranklens.analysis._sql import HeldViews, query_pl
 
 NAME = "stragglers"
 
@@ -89,7 +89,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     """Compute arrival skews, waits, held-back time and compute imbalance, with findings."""
     with (
         _activity.held(con, _activity.HELD_VIEWS[:2]),  # islands, compute islands
-        materialized(con, "stragglers", "_stragglers_exposed"),  # read by two queries
+        HeldViews(con, "stragglers", "_stragglers_exposed"),  # read by two queries
     ):
         table = query_pl(con, "SELECT * FROM stragglers_by_rank ORDER BY rank")
         inst = query_pl(con, "SELECT * FROM stragglers_by_instance ORDER BY instance_id")

@@ -8,8 +8,9 @@ Same order and dependencies, changed durations (graph_build.Graph, graph_replay.
   between stages: the total stays);
 - `contention`: compute kernels that ran beside communication at their alone duration (the
   contention analysis' per-class baseline on the same rank);
-- `overlap:PAR`: the parallelism's communication fully hidden (its members neither transfer nor
-  wait for each other);
+- `overlap:PAR`: the parallelism's communication fully hidden: no transfer time, and a
+  collective's members no longer wait for each other (a recv still waits for its send: the
+  data dependency of a pipeline stays);
 - `scale-comm:PAR=F`: its transfers F times faster;
 - `scale-kernels:REGEX=F`: compute/copy events whose name matches REGEX take F times as long.
 The saving is replayed - predicted, both from the model, so the model's own error cancels.
@@ -139,7 +140,9 @@ def durations(g: Graph, sc: Scenario, ctx: Context) -> tuple[I64, I64, str]:
             return add, lag, f"no matched {sc.parallelism} communication in this run"
         tr = (g.e_kind == E_TRANSFER) & inst[np.maximum(g.e_inst, 0)]
         if sc.kind == "overlap":
-            lag[tr] = NEG  # no waiting for the others
+            # hidden: no transfer time; a collective's members no longer wait for each other,
+            # a receiver still needs its sender to have arrived (the data it computes on)
+            lag[tr] = np.where(g.inst_p2p[g.e_inst[tr]], 0, NEG)
             scale = 0.0
         else:
             lag[tr] = np.rint(lag[tr] / sc.factor).astype(np.int64)
@@ -199,10 +202,11 @@ def run_scenarios(g: Graph, scenarios: list[Scenario], ctx: Context) -> list[Out
 
 def node_pattern_ns(con: duckdb.DuckDBPyConnection, g: Graph, pattern: str) -> F64:
     """Per node: summed duration of its compute/copy events whose name matches `pattern`
-    (needs the numbered events, temp table _cp_ev; the pattern is a bound parameter)."""
+    (needs the numbered events, temp table _critical_path_ev; the pattern is a bound parameter)."""
     try:
         rows = con.execute(
-            "SELECT eid, e - s FROM _cp_ev WHERE cls <> 1 AND regexp_matches(name, ?)", [pattern]
+            "SELECT eid, e - s FROM _critical_path_ev WHERE cls <> 1 AND regexp_matches(name, ?)",
+            [pattern],
         ).fetchnumpy()
     except duckdb.Error as exc:  # RE2 refuses what Python's re accepts (look-arounds)
         raise WhatIfError(
@@ -222,7 +226,7 @@ def node_contention_ns(con: duckdb.DuckDBPyConnection, g: Graph) -> F64:
         "b AS (SELECT rank, cls, op, median(dur) AS t_alone FROM k WHERE state = 'alone' "
         "      GROUP BY ALL HAVING count(*) >= 3) "
         "SELECT v.eid, k.dur - b.t_alone AS excess FROM k JOIN b USING (rank, cls, op) "
-        "JOIN _cp_ev v ON v.rank = k.rank AND v.stream = k.stream AND v.raw_ts = k.s "
+        "JOIN _critical_path_ev v ON v.rank = k.rank AND v.stream = k.stream AND v.raw_ts = k.s "
         "  AND v.cls = 0 "
         "WHERE k.state = 'overlapped' AND k.dur > b.t_alone"
     ).fetchnumpy()

@@ -26,10 +26,15 @@ def default_scenarios(m: cp.Model) -> list[str]:
     return out
 
 
-def answer(con: duckdb.DuckDBPyConnection, scenarios: list[str]) -> dict[str, Any]:
+def parse_all(names: list[str]) -> list[wi.Scenario]:
+    """The scenarios the user wrote (WhatIfError on the first that cannot be read)."""
+    return [wi.parse(s) for s in names]
+
+
+def answer(con: duckdb.DuckDBPyConnection, parsed: list[wi.Scenario]) -> dict[str, Any]:
     """{measured_step_ns, replayed_step_ns, replay_error, steps, scenarios: [{name,
-    predicted_step_ns, saving_ns, saving_share, note}]}: means over steps, per step inside."""
-    parsed = [wi.parse(s) for s in scenarios]  # errors before the work
+    predicted_step_ns, saving_ns, saving_share, note}]}: means over steps, per step inside;
+    no scenario: every one that applies (default_scenarios)."""
     m = cp.model(con, patterns=tuple(s.pattern for s in parsed if s.pattern))
     if not parsed:
         parsed = [wi.parse(s) for s in default_scenarios(m)]

@@ -7,7 +7,7 @@ Exit codes: 0 ok, 1 error (bad input, with `error:` and `hint:`), 2 usage error,
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from ranklens.ingest import RanklensError
@@ -15,12 +15,26 @@ from ranklens.ingest.run import OpenOptions, resolve_open_options
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+from typer.core import TyperGroup
 
 from ranklens import __version__
 
 EXIT_HELP = "Exit codes: 0 ok, 1 error, 2 usage error, 3 check threshold exceeded."
 
+
+class _Commands(TyperGroup):
+    """The command group. A RanklensError from any command (or its option parsing) ends as
+    `error:`/`hint:` lines and exit 1 here, once, so no command catches it itself."""
+
+    def invoke(self, ctx: Any) -> Any:  # Any: click's Context, or typer's vendored one
+        try:
+            return super().invoke(ctx)
+        except RanklensError as exc:
+            raise fail(exc) from None
+
+
 app = typer.Typer(
+    cls=_Commands,
     name="ranklens",
     help="Where did each training step's time go, on which rank, and what to change.\n\n"
     + EXIT_HELP,
@@ -89,17 +103,14 @@ def open_options(
     layout: str | None = None,
 ) -> OpenOptions:
     """How every command opens a run: flags, else [tool.ranklens] of ./pyproject.toml."""
-    try:
-        return resolve_open_options(
-            skip_bad=skip_bad,
-            workers=workers,
-            allow_mixed=allow_mixed,
-            no_align=no_align,
-            offsets=offsets,
-            layout=layout,
-        )
-    except RanklensError as exc:
-        raise fail(exc) from None
+    return resolve_open_options(
+        skip_bad=skip_bad,
+        workers=workers,
+        allow_mixed=allow_mixed,
+        no_align=no_align,
+        offsets=offsets,
+        layout=layout,
+    )
 
 
 def internal_error(exc: BaseException) -> int:
@@ -112,6 +123,7 @@ def internal_error(exc: BaseException) -> int:
 
 
 def fail(exc: RanklensError) -> typer.Exit:
+    """The `error:`/`hint:` lines of a RanklensError and exit 1 (--debug: the traceback)."""
     if state["debug"]:
         raise exc
     err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)

@@ -19,11 +19,9 @@ from ranklens.cli.app import (
     SkipBadOpt,
     WorkersOpt,
     app,
-    fail,
     open_options,
     out,
 )
-from ranklens.ingest import RanklensError
 from ranklens.ingest.run import open_run
 
 _THRESHOLD_HELP = "Fraction (0.25) or percentage (25%)."
@@ -102,24 +100,21 @@ def check(
         "max_regression": max_regression,
     }
     opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
-    try:
-        cfg = check_config.resolve(flags, config)
-        if baseline is not None and "max_regression" not in cfg.values:
-            cfg = check_config.resolve({**flags, "max_regression": "5%"}, config)
-        with open_run(source, opts) as run:
-            verdicts = check_mod.evaluate(run.con, cfg)
-            regressions: list[str] = []
-            if baseline is not None:
-                with open_run([baseline], opts, for_baseline=True) as base:
-                    changes = baseline_mod.compare(run.con, base.con, cfg.values["max_regression"])
-                regressions = baseline_mod.summarize(changes)
-                verdicts.append(
-                    baseline_mod.verdict(
-                        changes, cfg.values["max_regression"], cfg.sources["max_regression"]
-                    )
+    cfg = check_config.resolve(flags, config)
+    if baseline is not None and "max_regression" not in cfg.values:
+        cfg = check_config.resolve({**flags, "max_regression": "5%"}, config)
+    with open_run(source, opts) as run:
+        verdicts = check_mod.evaluate(run.con, cfg)
+        regressions: list[str] = []
+        if baseline is not None:
+            with open_run([baseline], opts, for_baseline=True) as base:
+                changes = baseline_mod.compare(run.con, base.con, cfg.values["max_regression"])
+            regressions = baseline_mod.summarize(changes)
+            verdicts.append(
+                baseline_mod.verdict(
+                    changes, cfg.values["max_regression"], cfg.sources["max_regression"]
                 )
-    except RanklensError as exc:
-        raise fail(exc) from None
+            )
     if not allow_skipped:
         verdicts = check_mod.unevaluated_fail(verdicts)
     if fmt == "json":
@@ -155,9 +150,6 @@ def capture(
     command = list(ctx.args)
     if not command:
         raise typer.BadParameter("give the command after --, e.g. -- torchrun ... train.py")
-    try:
-        result = capture_run.run(command, out_dir, steps=steps, wait=wait)
-    except RanklensError as exc:
-        raise fail(exc) from None
+    result = capture_run.run(command, out_dir, steps=steps, wait=wait)
     out.print(f"captured {len(result['ranks'])} rank(s) into {out_dir}: ranks {result['ranks']}")
     out.print(f"next: ranklens report {out_dir}   |   ranklens check {out_dir} --max-bubble 0.25")

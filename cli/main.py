@@ -27,7 +27,6 @@ from ranklens.cli.app import (
     WorkersOpt,
     app,
     err,
-    fail,
     internal_error,
     open_options,
     out,
@@ -54,18 +53,15 @@ def ingest(
 ) -> None:
     """Load one trace per rank (Kineto JSON/.json.gz, Nsight SQLite) into a DuckDB file."""
     opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
-    try:
-        with progress_bar() as prog:
-            task = prog.add_task("ingesting", total=None)
-            rep = ingest_traces(
-                list(inputs),
-                output,
-                opts,
-                progress=lambda done, total: prog.update(task, completed=done, total=total),
-                finalize=store_views,  # the views go in before the one atomic rename
-            )
-    except RanklensError as exc:
-        raise fail(exc) from None
+    with progress_bar() as prog:
+        task = prog.add_task("ingesting", total=None)
+        rep = ingest_traces(
+            list(inputs),
+            output,
+            opts,
+            progress=lambda done, total: prog.update(task, completed=done, total=total),
+            finalize=store_views,  # the views go in before the one atomic rename
+        )
     out.print(f"ingested {len(rep.ranks)} rank(s), {rep.n_events:,} events -> {output}")
     for s in rep.skipped:
         err.print(f"[yellow]skipped:[/] {escape(s.message)}", highlight=False)
@@ -76,15 +72,12 @@ def ingest(
 def _report(source: list[str], fmt: str, opts: OpenOptions) -> None:
     if fmt not in render.FORMATS:
         raise typer.BadParameter(f"unknown format {fmt!r}; use one of {render.FORMATS}")
-    try:
-        with progress_bar() as prog:
-            task = prog.add_task("ingesting", total=None)
-            with open_run(
-                source, opts, progress=lambda d, t: prog.update(task, completed=d, total=t)
-            ) as run:
-                rep = build_report(run.con)
-    except RanklensError as exc:
-        raise fail(exc) from None
+    with progress_bar() as prog:
+        task = prog.add_task("ingesting", total=None)
+        with open_run(
+            source, opts, progress=lambda d, t: prog.update(task, completed=d, total=t)
+        ) as run:
+            rep = build_report(run.con)
     if fmt == "json":
         out.out(render.report_json(rep), highlight=False)
     elif fmt == "csv":
@@ -128,11 +121,8 @@ def analyze(
     if name not in BY_NAME:
         raise typer.BadParameter(f"unknown analysis {name!r}; choose from {', '.join(BY_NAME)}")
     opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
-    try:
-        with open_run(source, opts) as run:
-            res = BY_NAME[name].run(run.con)
-    except RanklensError as exc:
-        raise fail(exc) from None
+    with open_run(source, opts) as run:
+        res = BY_NAME[name].run(run.con)
     df = res.table if table is None else res.tables.get(table)
     if df is None:
         raise typer.BadParameter(f"no table {table!r}; have: {', '.join(res.tables)}")
@@ -162,11 +152,8 @@ def sql(
 ) -> None:
     """Read-only SQL over the run: tables (events, steps, ranks, ...) and analysis views."""
     opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
-    try:
-        with open_run([database], opts) as run:  # the console opens run.db_path sandboxed
-            df = run_sql(run.db_path, query, max_rows=None if fmt != "table" else max_rows)
-    except RanklensError as exc:  # SqlError's hint names the tables or how to narrow the query
-        raise fail(exc) from None
+    with open_run([database], opts) as run:  # the console opens run.db_path sandboxed
+        df = run_sql(run.db_path, query, max_rows=None if fmt != "table" else max_rows)
     if fmt == "parquet":
         if output is None:
             raise typer.BadParameter("--format parquet needs --output FILE")
@@ -193,8 +180,8 @@ def demo(
     raw = Path(str(base.joinpath(scenario, "raw")))
     if not raw.is_dir():
         names = sorted(p.name for p in Path(str(base)).iterdir() if (p / "raw").is_dir())
-        raise fail(
-            RanklensError(f"no bundled scenario {scenario!r}", f"choose one of: {', '.join(names)}")
+        raise RanklensError(
+            f"no bundled scenario {scenario!r}", f"choose one of: {', '.join(names)}"
         )
     err.print(f"demo: {scenario} ({len(list(raw.iterdir()))} rank files in {raw})")
     _report([str(raw)], fmt, open_options(layout=layout))
@@ -219,21 +206,17 @@ def dashboard(
     from ranklens.dashboards.server import serve  # dash loads only for this command
 
     opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
-    try:
-        serve(
-            source,
-            opts,
-            host=host,
-            port=port,
-            log=lambda msg: err.print(msg, highlight=False),
-        )
-    except RanklensError as exc:
-        raise fail(exc) from None
+    serve(
+        source,
+        opts,
+        host=host,
+        port=port,
+        log=lambda msg: err.print(msg, highlight=False),
+    )
 
 
 # Registered last so `ranklens --help` lists the run commands first.
-from ranklens.cli import ci_commands  # noqa: E402, F401
-from ranklens.cli import whatif_cmd  # noqa: E402, F401
+from ranklens.cli import ci_commands, whatif_cmd  # noqa: E402, F401
 
 
 def main() -> None:

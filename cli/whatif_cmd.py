@@ -15,9 +15,11 @@ from ranklens.cli.app import (
     SkipBadOpt,
     WorkersOpt,
     app,
+    fail,
     open_options,
     out,
 )
+from ranklens.ingest import RanklensError
 from ranklens.ingest.run import open_run
 from rich.table import Table
 
@@ -54,8 +56,12 @@ def whatif(
     names = [*(fix or []), *(f"scale-comm:{s}" for s in scale_comm or [])]
     names += [f"scale-kernels:{s}" for s in scale_kernels or []]
     opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
-    with open_run(source, opts) as run:
-        ans = whatif_run.answer(run.con, names)
+    try:
+        scenarios = whatif_run.parse_all(names)  # a typo fails before any work
+        with open_run(source, opts) as run:
+            ans = whatif_run.answer(run.con, scenarios)
+    except RanklensError as exc:
+        raise fail(exc) from None
     if fmt == "json":
         out.out(json.dumps(ans, indent=2), highlight=False)
         return

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
 from ranklens.ingest.errors import RanklensError
+from ranklens.ingest.tomlfile import load_toml
 
 # Megatron-LM's rank order, fastest-varying dimension first (rank = tp + tp*(cp + cp*(...))).
 DEFAULT_ORDER: tuple[str, ...] = ("tp", "cp", "ep", "dp_shard", "dp", "pp")
@@ -187,8 +187,8 @@ def pyproject_section(start: str | os.PathLike[str] = ".") -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        doc = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        doc = load_toml(path)
+    except (OSError, ValueError) as exc:  # ValueError: TOMLDecodeError
         raise ConfigError(f"{path}: cannot read ({exc})", "fix the TOML syntax") from None
     section = doc.get("tool", {}).get("ranklens", {})
     return section if isinstance(section, dict) else {}

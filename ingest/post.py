@@ -1,4 +1,4 @@
-"""Cross-rank work done once after all ranks are in: comm args, process groups, views.
+"""Cross-rank work done once after all ranks are in: comm args, peers, process groups.
 
 Why SQL: these are joins over millions of rows that DuckDB does in parallel and out of core;
 Python never loops over events here. (Per-rank work, the steps, is done in steps.py.)
@@ -13,20 +13,15 @@ from ranklens.ingest.groups import label_from_description
 
 
 def finish_database(con: duckdb.DuckDBPyConnection, groups: list[dict[str, Any]]) -> None:
-    """Fill in what needs every rank: comm args from launching ops, process groups, views.
-    (Steps are assigned per rank before its events are written: steps.py.)"""
+    """Fill in what needs every rank: comm args from launching ops, process groups.
+    (Steps are assigned per rank before its events are written: steps.py; the views over the
+    tables, events_aligned included, come with the schema: schema.VIEWS_SQL.)"""
     _fill_comm_args(con)
     _fill_peers(con)
     _insert_groups(con, groups)
     con.execute(
         """UPDATE ranks SET pid = p.pid FROM (SELECT rank, mode(pid) AS pid FROM events
            WHERE device = -1 GROUP BY rank) p WHERE ranks.rank = p.rank AND ranks.pid IS NULL"""
-    )
-    con.execute(
-        "CREATE OR REPLACE VIEW events_aligned AS SELECT e.*, "
-        "e.ts_ns + COALESCE(r.clock_offset_ns, 0) AS ats_ns, "
-        "e.ts_ns + COALESCE(r.clock_offset_ns, 0) + e.dur_ns AS aend_ns "
-        "FROM events e LEFT JOIN ranks r USING (rank)"
     )
 
 

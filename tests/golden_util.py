@@ -5,6 +5,7 @@ Goldens come from a reviewed run (`pytest --update-goldens` rewrites them; revie
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 
@@ -45,4 +46,19 @@ def check_goldens(con: duckdb.DuckDBPyConnection, folder: Path, update: bool) ->
     for name, text in actual.items():
         path = folder / name
         assert path.exists(), f"missing golden {path}; run pytest --update-goldens and review"
-        assert path.read_text() == text, f"{path} differs from this run (review, then update)"
+        want = path.read_text()
+        assert want == text, f"{path} differs from this run (review, then update):\n" + diff(
+            want, text, str(path)
+        )
+
+
+def diff(want: str, got: str, name: str, most: int = 60) -> str:
+    """A unified diff of a golden against this run, cut to `most` lines: the failure shows
+    which rows changed instead of only that the file did."""
+    lines = list(
+        difflib.unified_diff(
+            want.splitlines(), got.splitlines(), f"{name} (golden)", "this run", lineterm=""
+        )
+    )
+    more = f"\n... {len(lines) - most} more diff lines" if len(lines) > most else ""
+    return "\n".join(lines[:most]) + more

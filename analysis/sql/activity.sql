@@ -1,3 +1,4 @@
+-- requires: intervals
 -- Shared base of breakdown, overlap and stragglers: device activity per rank and step.
 -- The "device" of a rank is its GPU(s); for a CPU-only (gloo) rank it is the host (-1).
 -- Classes: 0 = compute, 1 = comm, 2 = memory (memcpy/memset).
@@ -9,60 +10,26 @@ CREATE OR REPLACE TEMP VIEW _activity_events AS
 SELECT e.rank, e.step, e.device, e.kind, e.ts_ns AS s, e.ts_ns + e.dur_ns AS e,
        e.pg_name, e.coll_op, e.in_nelems, e.out_nelems
 FROM events e JOIN ranks r USING (rank)
-WHERE e.step IS NOT NULL
-  AND e.kind IN ('compute', 'comm', 'memcpy', 'memset')
-  AND ((r.has_gpu AND e.device >= 0) OR (NOT r.has_gpu AND e.device = -1));
+WHERE e.step IS NOT NULL AND is_device_work(e.kind) AND on_device(r.has_gpu, e.device);
 
 -- The (rank, step, device) that have activity (zero-length events included).
 CREATE OR REPLACE TEMP VIEW _activity_keys AS
 SELECT DISTINCT rank, step, device FROM _activity_events;
 
--- Islands (disjoint, not touching) per (rank, step, device) and class, with aid, the number of
--- the (rank, step, device) in order: the one sort of every event that the analyses need; all
--- else works on islands. Zero-length events are left out (they can neither add length nor
--- join two islands).
--- Algorithm: interval_union_sorted's, with the key in columns and no join to number it: sort
--- by (rank, step, device, cls, s), then only order-preserving steps. A row starts a segment
--- when its (rank, step, device, cls) differs from the previous row's; the running count of
--- segments, packed above the end, makes the running max of (seg << 64) + e + 2^63 restart per
--- segment; a row opens an island when it starts a segment or starts after the running max of
--- the rows before it; an island ends at the running max of its last row.
+-- Islands (disjoint, not touching) per (rank, step, device) and class, with aid, a key of the
+-- (rank, step, device) in their order: the one sort of every event that the analyses need;
+-- all else works on islands. Zero-length events are left out (they can neither add length nor
+-- join two islands). The (rank, step, device, class) is folded into interval_union_sorted's
+-- key (intervals.sql device_key) and read back from it: no join to number the keys.
 CREATE OR REPLACE TEMP VIEW _activity_union AS
-WITH o AS (
-  SELECT rank, step, device,
-         CASE kind WHEN 'compute' THEN 0 WHEN 'comm' THEN 1 ELSE 2 END AS cls, s, e
+WITH iv AS (
+  SELECT device_key(rank, step, device,
+                    CASE kind WHEN 'compute' THEN 0 WHEN 'comm' THEN 1 ELSE 2 END) AS k, s, e
   FROM _activity_events WHERE e > s
-  ORDER BY rank, step, device, cls, s
-), a AS (
-  SELECT *, lag(rank) OVER () IS DISTINCT FROM rank OR lag(step) OVER () <> step
-              OR lag(device) OVER () <> device AS new_key,
-         lag(cls) OVER () AS prev_cls
-  FROM o
-), b AS (
-  SELECT rank, step, device, cls, s, e, new_key OR prev_cls <> cls AS new_seg,
-         sum(new_key::INTEGER) OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS aid,
-         sum((new_key OR prev_cls <> cls)::INTEGER)
-           OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS seg
-  FROM a
-), m AS (
-  SELECT rank, step, device, cls, s, new_seg, aid,
-         max((seg::HUGEINT << 64) + e + 9223372036854775808)
-           OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS reach
-  FROM b
-), f AS (
-  SELECT *, new_seg OR s > (lag(reach) OVER () & 18446744073709551615::HUGEINT)
-                           - 9223372036854775808 AS opens
-  FROM m
-), h AS (
-  SELECT *, lead(opens, 1, true) OVER () AS closes FROM f
-), w AS (
-  SELECT * FROM h WHERE opens OR closes
-), c AS (
-  SELECT *, CASE WHEN closes THEN reach ELSE lead(reach) OVER () END AS fin FROM w
 )
-SELECT rank, step, device, CAST(aid - 1 AS BIGINT) AS aid, cls, s,
-       CAST((fin & 18446744073709551615::HUGEINT) - 9223372036854775808 AS BIGINT) AS e
-FROM c WHERE opens;
+SELECT device_key_rank(k) AS rank, device_key_step(k) AS step, device_key_device(k) AS device,
+       k >> 2 AS aid, CAST(k & 3 AS INTEGER) AS cls, s, e
+FROM interval_union_sorted('iv');
 
 -- (rank, step, device, mask, dur): time during which exactly the classes in `mask` ran.
 CREATE OR REPLACE TEMP VIEW _activity_cov AS

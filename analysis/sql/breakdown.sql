@@ -1,3 +1,4 @@
+-- requires: activity
 -- breakdown: where each rank's step time went, on unions of device activity.
 -- compute + exposed_comm + exposed_memory + idle = window (an exclusive split of W).
 

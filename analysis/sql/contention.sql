@@ -1,5 +1,6 @@
+-- requires: intervals
 -- contention: compute slowed by concurrent communication, communication slowed by other
--- communication, and whether H2D/D2H copies hide under compute. Needs intervals.sql.
+-- communication, and whether H2D/D2H copies hide under compute.
 -- A device is (rank, device) folded into one key: rank * 4096 + device + 1 (-1 = host).
 
 CREATE OR REPLACE TEMP VIEW _contention_ev AS
@@ -10,8 +11,7 @@ SELECT e.rank, e.step, e.device, e.stream, e.kind, e.name,
        e.dtype, e.bytes, e.rank::BIGINT * 4096 + e.device + 1 AS dk,
        CASE WHEN e.device >= 0 THEN e.external_id END AS gpu_ext
 FROM events e JOIN ranks r USING (rank)
-WHERE e.step IS NOT NULL AND e.kind IN ('compute', 'comm', 'memcpy', 'memset')
-  AND ((r.has_gpu AND e.device >= 0) OR (NOT r.has_gpu AND e.device = -1));
+WHERE e.step IS NOT NULL AND is_device_work(e.kind) AND on_device(r.has_gpu, e.device);
 
 -- op = hash of the input shapes of the host op that launched a GPU event (same rank and
 -- External id), 0 when none. Why: a persistent GEMM launches one grid (= the SM count) for
@@ -161,18 +161,16 @@ WITH c AS MATERIALIZED (
 ), iv AS (
   SELECT i.id AS k, c.s, c.e FROM c JOIN ids i ON i.rank = c.rank AND i.device = c.device
   AND i.stream <> c.stream
+), u AS (
+  SELECT * FROM interval_union_sorted('iv')
 ), isl AS MATERIALIZED (
-  SELECT k, s, e,
-         coalesce(sum(e - s) OVER (PARTITION BY k ORDER BY s
-                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
-  FROM interval_union_sorted('iv')
-), o AS (
-  SELECT c.rank, c.name, c.coll_op, c.parallelism, c.nelems, c.dtype, c.dur,
-         coalesce(b.before + least(c.e, b.e) - b.s, 0)
-           - coalesce(a.before + least(c.s, a.e) - a.s, 0) AS ov_ns
+  SELECT * FROM interval_prefix('u')
+), x AS (
+  SELECT i.id AS k, c.rank, c.name, c.coll_op, c.parallelism, c.nelems, c.dtype, c.dur, c.s, c.e
   FROM c JOIN ids i ON i.rank = c.rank AND i.device = c.device AND i.stream = c.stream
-  ASOF LEFT JOIN isl a ON a.k = i.id AND c.s >= a.s
-  ASOF LEFT JOIN isl b ON b.k = i.id AND c.e >= b.s
+), o AS (
+  SELECT rank, name, coll_op, parallelism, nelems, dtype, dur, inside AS ov_ns
+  FROM interval_inside('x', 'isl')
 ), st AS (
   SELECT *, CASE WHEN ov_ns = 0 THEN 'alone' WHEN ov_ns >= min_overlap * dur THEN 'overlapped'
                  ELSE 'partial' END AS state

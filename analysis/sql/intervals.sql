@@ -1,4 +1,7 @@
--- Generic interval macros. They know nothing of traces: columns k (any key), cls, s, e.
+-- The shared building blocks of the analyses' SQL, written once so that they cannot drift
+-- apart. The interval macros know nothing of traces (columns k: any key, cls, s, e); the
+-- keys and filters at the end are the trace-side ones several analyses use. Scalar macros
+-- are inlined by DuckDB (no cost per row beyond the expression).
 
 -- interval_union(t): disjoint islands per (k, cls) of the intervals [s, e).
 -- Algorithm: sort by start; an interval opens a new island when it starts after the furthest
@@ -112,3 +115,36 @@ WITH p AS (
 )
 SELECT k, CAST(mask AS BIGINT) AS mask, CAST(sum(nx - x) AS BIGINT) AS dur
 FROM r WHERE mask <> 0 AND nk = k AND nx > x GROUP BY k, mask;
+
+-- Keys and filters over the trace tables.
+
+-- step_key(rank, step): one BIGINT per (rank, step) for the interval macros' key k, in
+-- (rank, step) order: rank * 2^24 + step + 1 (step -1 is the whole trace). Ranks below 2^20
+-- keep every key, and device_key's, below interval_union_sorted's 2^62; a rank or step outside the
+-- range is an error rather than a key shared by two (rank, step).
+CREATE OR REPLACE TEMP MACRO step_key(rank, step) AS
+CASE WHEN rank >= 0 AND rank < 1048576 AND step >= -1 AND step < 16777215
+     THEN rank::BIGINT * 16777216 + step + 1
+     ELSE error('ranklens: rank ' || rank || ' / step ' || step
+                || ' is outside the range the interval keys hold (rank < 2^20, step < 2^24 - 1)')
+END;
+
+-- device_key(rank, step, device, cls): a BIGINT per (rank, step, device) and class 0..3, in
+-- (rank, step, device, cls) order; device is -1 (host) to 65534. The (rank, step, device) part
+-- is device_key(...) >> 2; device_key_rank/_step/_device read it back.
+CREATE OR REPLACE TEMP MACRO device_key(rank, step, device, cls) AS
+((step_key(rank, step) << 16) + CASE WHEN device >= -1 AND device < 65535 THEN device + 1
+                                      ELSE error('ranklens: device ' || device
+                                                 || ' is outside -1 .. 65534') END) * 4 + cls;
+CREATE OR REPLACE TEMP MACRO device_key_rank(k) AS CAST(k >> 42 AS INTEGER);
+CREATE OR REPLACE TEMP MACRO device_key_step(k) AS CAST(((k >> 18) & 16777215) - 1 AS INTEGER);
+CREATE OR REPLACE TEMP MACRO device_key_device(k) AS CAST(((k >> 2) & 65535) - 1 AS INTEGER);
+
+-- on_device(has_gpu, device): whether an event ran on its rank's device, the one place that
+-- says what "device" means: a GPU rank's GPUs, a CPU-only rank's host (-1).
+CREATE OR REPLACE TEMP MACRO on_device(has_gpu, device) AS
+(has_gpu AND device >= 0) OR (NOT has_gpu AND device = -1);
+
+-- is_device_work(kind): the event kinds that keep a device busy.
+CREATE OR REPLACE TEMP MACRO is_device_work(kind) AS
+kind IN ('compute', 'comm', 'memcpy', 'memset');

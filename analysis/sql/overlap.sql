@@ -1,3 +1,4 @@
+-- requires: activity
 -- overlap: how much communication ran under compute (hidden) and how much did not (exposed).
 -- overlap_ratio = |M ∩ C| / |M| (HTA's definition); exposed = |M \ C|.
 

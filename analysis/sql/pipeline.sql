@@ -1,7 +1,8 @@
+-- requires: intervals
 -- pipeline: pipeline bubbles per PP stage (rank) and step, the micro-batch Gantt, the schedule.
 -- bubble = W \ (compute ∪ non-PP communication ∪ memcpy/memset): idle time plus time spent in
 -- PP send/recv with nothing else running (a waiting stage spins in a SendRecv kernel or blocks
--- in gloo:recv: idle alone under-counts). Needs intervals.sql.
+-- in gloo:recv: idle alone under-counts).
 
 -- PP groups named as such (parallelism = 'PP'); groups with the same members are one pipeline.
 CREATE OR REPLACE TEMP VIEW _pipeline_pp_labeled AS
@@ -95,21 +96,21 @@ FROM events e JOIN _pipeline_devs d USING (rank)
 LEFT JOIN process_groups g ON g.pg_name = e.pg_name
 WHERE e.step IS NOT NULL
   AND (e.kind = 'comm' OR (e.kind = 'cpu_op' AND NOT d.has_gpu AND e.coll_op IN ('send', 'recv')))
-  AND CASE WHEN d.has_gpu THEN e.device >= 0 ELSE e.device = -1 END;
+  AND on_device(d.has_gpu, e.device);
 
 -- C of design.md's bubble: compute only.
 CREATE OR REPLACE TEMP VIEW _pipeline_compute_ev AS
 SELECT e.rank, e.step, e.ts_ns AS s, e.ts_ns + e.dur_ns AS e
 FROM events e JOIN _pipeline_devs d USING (rank)
 WHERE e.step IS NOT NULL AND e.kind = 'compute'
-  AND CASE WHEN d.has_gpu THEN e.device >= 0 ELSE e.device = -1 END;
+  AND on_device(d.has_gpu, e.device);
 
 -- Busy but neither compute nor PP p2p: other communication (DP, TP, ...) and copies.
 CREATE OR REPLACE TEMP VIEW _pipeline_other_ev AS
 SELECT e.rank, e.step, e.ts_ns AS s, e.ts_ns + e.dur_ns AS e
 FROM events e JOIN _pipeline_devs d USING (rank)
 WHERE e.step IS NOT NULL AND e.kind IN ('memcpy', 'memset')
-  AND CASE WHEN d.has_gpu THEN e.device >= 0 ELSE e.device = -1 END
+  AND on_device(d.has_gpu, e.device)
 UNION ALL
 SELECT rank, step, s, e FROM _pipeline_comm_ev WHERE NOT is_pp;
 
@@ -154,7 +155,7 @@ WITH need AS (
 ), span AS (
   SELECT h.rank, h.tid, h.a_s, h.a_name, min(k.ts_ns) AS s, max(k.ts_ns + k.dur_ns) AS e
   FROM hit h JOIN events k ON k.rank = h.rank AND k.correlation = h.correlation
-  WHERE k.device >= 0 AND k.kind IN ('compute', 'comm', 'memcpy', 'memset')
+  WHERE k.device >= 0 AND is_device_work(k.kind)
   GROUP BY ALL
 )
 SELECT a.rank, a.step, a.phase, a.mb, a.name, sp.s, sp.e
@@ -164,7 +165,7 @@ FROM ha a JOIN span sp ON sp.rank = a.rank AND sp.tid = a.tid AND sp.a_s = a.s
 CREATE OR REPLACE TEMP VIEW _pipeline_ann_blocks AS
 SELECT a.rank, a.step, a.phase, a.mb, a.name, a.s, a.e, 'annotation' AS source
 FROM _pipeline_ann a JOIN ranks r USING (rank)
-WHERE (NOT r.has_gpu AND a.device = -1) OR (r.has_gpu AND a.device >= 0)
+WHERE on_device(r.has_gpu, a.device)
 UNION ALL
 SELECT rank, step, phase, mb, name, s, e, 'annotation_launches' FROM _pipeline_proj;
 

@@ -1,4 +1,5 @@
--- pipeline (continued): PP p2p ops and the micro-batch blocks they delimit. Needs pipeline.sql.
+-- requires: pipeline
+-- pipeline (continued): PP p2p ops and the micro-batch blocks they delimit.
 
 -- p2p ops of PP ranks in steps with no phase annotation, with the side they talk to.
 -- gloo: the issue op (peer in Concrete Inputs), a recv extended to the end of its wait span.

@@ -1,5 +1,5 @@
--- pipeline (continued): the Gantt, bubbles per stage and step, the schedule. Needs
--- intervals.sql, pipeline.sql and pipeline_p2p.sql.
+-- requires: pipeline_p2p
+-- pipeline (continued): the Gantt, bubbles per stage and step, the schedule.
 
 CREATE OR REPLACE TEMP VIEW _pipeline_blocks_raw AS
 SELECT * FROM _pipeline_ann_blocks
@@ -44,29 +44,29 @@ WITH st AS MATERIALIZED (
   FROM w JOIN b USING (rank, step)
   GROUP BY w.rank, w.step, w.start_ns, w.end_ns
 ), o AS (
-  SELECT (rank::BIGINT * 16777216 + step + 1) * 8 AS k, s, e FROM _pipeline_compute_ev
+  SELECT step_key(rank, step) * 8 AS k, s, e FROM _pipeline_compute_ev
   WHERE e >= s
   UNION ALL
-  SELECT (rank::BIGINT * 16777216 + step + 1) * 8 + 1, s, e FROM _pipeline_comm_ev
+  SELECT step_key(rank, step) * 8 + 1, s, e FROM _pipeline_comm_ev
   WHERE is_pp AND e >= s
   UNION ALL
-  SELECT (rank::BIGINT * 16777216 + step + 1) * 8 + 2, s, e FROM b WHERE e >= s
+  SELECT step_key(rank, step) * 8 + 2, s, e FROM b WHERE e >= s
   UNION ALL
   -- CPU-only ranks: the interpreter's time between ops inside a block is the block's work
-  SELECT (rank::BIGINT * 16777216 + step + 1) * 8, s, e FROM b
+  SELECT step_key(rank, step) * 8, s, e FROM b
   WHERE e >= s AND rank IN (SELECT rank FROM ranks WHERE NOT has_gpu)
   UNION ALL
-  SELECT (rank::BIGINT * 16777216 + step + 1) * 8 + 6, s, e FROM _pipeline_other_ev
+  SELECT step_key(rank, step) * 8 + 6, s, e FROM _pipeline_other_ev
   WHERE e >= s
 ), cov_in AS MATERIALIZED (
   SELECT k // 8 AS k, k % 8 AS cls, s, e FROM interval_union_sorted('o')
   UNION ALL
-  SELECT rank::BIGINT * 16777216 + step + 1, 3, start_ns, least(a, end_ns) FROM ph
+  SELECT step_key(rank, step), 3, start_ns, least(a, end_ns) FROM ph
   UNION ALL
-  SELECT rank::BIGINT * 16777216 + step + 1, 4, a, least(greatest(a, z), end_ns)
+  SELECT step_key(rank, step), 4, a, least(greatest(a, z), end_ns)
   FROM ph WHERE z IS NOT NULL
   UNION ALL
-  SELECT rank::BIGINT * 16777216 + step + 1, 5, start_ns, end_ns FROM w
+  SELECT step_key(rank, step), 5, start_ns, end_ns FROM w
 ), cv AS (
   SELECT k, mask, dur,
          mask & 33 = 32 AND (mask & 2 = 2 OR mask & 64 = 0) AS bub
@@ -105,8 +105,18 @@ SELECT st.rank, w.step, st.pp_group, st.stage, st.pp_size,
        coalesce(c.bubble_ns, 0) / nullif(w.end_ns - w.start_ns, 0) AS step_bubble_share,
        coalesce(ph.source, 'none') AS block_source
 FROM st JOIN w USING (rank)
-LEFT JOIN c ON c.k = w.rank::BIGINT * 16777216 + w.step + 1
+LEFT JOIN c ON c.k = step_key(w.rank, w.step)
 LEFT JOIN ph ON ph.rank = w.rank AND ph.step = w.step;
+
+-- The per-stage bubble fraction, defined once (the report's stage table and `check
+-- --max-bubble` both read it): bubble / (bubble + work) as a ratio of sums over the steps that
+-- have micro-batch blocks (work_ns not NULL: a step without blocks has no work to compare its
+-- bubble with); NULL when no step has blocks or both sums are 0.
+CREATE OR REPLACE TEMP VIEW pipeline_stage_bubble AS
+SELECT rank, pp_group, stage,
+       sum(bubble_ns) / nullif(sum(bubble_ns) + sum(work_ns), 0) AS bubble_fraction
+FROM pipeline_by_step WHERE work_ns IS NOT NULL
+GROUP BY rank, pp_group, stage;
 
 -- Schedule per pipeline and step, inferred from the blocks: m = micro-batches (forwards on a
 -- stage / v), v = forwards per micro-batch (virtual stages; annotated blocks only: p2p order

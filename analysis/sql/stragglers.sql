@@ -1,3 +1,4 @@
+-- requires: activity
 -- stragglers: who arrives last at matched collectives, and what it costs the others.
 -- Times are on the job clock (raw + ranks.clock_offset_ns). Only `matched` instances count.
 
