@@ -6,6 +6,8 @@ Same order and dependencies, changed durations (graph_build.Graph, graph_replay.
   median comes down to it;
 - `stage-balance`: each pipeline stage's compute at the mean over the stages (layers moved
   between stages: the total stays);
+- `balance:PAR`: each rank's compute at the mean of its PAR group (e.g. `balance:cp`, a causal
+  mask split evenly over the context-parallel ranks: the total stays);
 - `contention`: compute kernels that ran beside communication at their alone duration (the
   contention analysis' per-class baseline on the same rank);
 - `overlap:PAR`: the parallelism's communication fully hidden: no transfer time, and a
@@ -31,7 +33,15 @@ from ranklens.ingest.errors import RanklensError
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
-KINDS = ("straggler", "stage-balance", "contention", "overlap", "scale-comm", "scale-kernels")
+KINDS = (
+    "straggler",
+    "stage-balance",
+    "balance",
+    "contention",
+    "overlap",
+    "scale-comm",
+    "scale-kernels",
+)
 
 
 class WhatIfError(RanklensError):
@@ -56,8 +66,8 @@ def parse(text: str) -> Scenario:
     kind, _, arg = text.strip().partition(":")
     kind = kind.strip().lower()
     hint = (
-        "use straggler[:RANK,...], stage-balance, contention, overlap:PAR, scale-comm:PAR=F "
-        "or scale-kernels:REGEX=F (PAR: dp, tp, pp, cp, ep, ...)"
+        "use straggler[:RANK,...], stage-balance, balance:PAR, contention, overlap:PAR, "
+        "scale-comm:PAR=F or scale-kernels:REGEX=F (PAR: dp, tp, pp, cp, ep, ...)"
     )
     if kind == "straggler":
         try:
@@ -67,7 +77,7 @@ def parse(text: str) -> Scenario:
         return Scenario(text, kind, ranks=ranks)
     if kind in ("stage-balance", "contention") and not arg:
         return Scenario(text, kind)
-    if kind == "overlap" and arg:
+    if kind in ("overlap", "balance") and arg:
         return Scenario(text, kind, parallelism=arg.strip().upper())
     if kind in ("scale-comm", "scale-kernels") and "=" in arg:
         what, _, f = arg.rpartition("=")
@@ -93,6 +103,7 @@ class Context:
     the time of events matching a kernel pattern (read while the events are numbered)."""
 
     stage_of: dict[int, int]
+    groups: dict[str, list[list[int]]] = field(default_factory=dict)  # parallelism -> members
     contention_ns: F64 | None = None
     pattern_ns: dict[str, F64] = field(default_factory=dict)
 
@@ -104,6 +115,14 @@ class Outcome:
     scenario: Scenario
     predicted: I64 | None
     note: str = ""
+
+
+def groups(con: duckdb.DuckDBPyConnection) -> dict[str, list[list[int]]]:
+    """Parallelism -> the member ranks of each of its groups."""
+    out: dict[str, list[list[int]]] = {}
+    for par, ranks in con.execute("SELECT parallelism, ranks FROM process_groups").fetchall():
+        out.setdefault(str(par), []).append([int(r) for r in ranks or []])
+    return out
 
 
 def stages(con: duckdb.DuckDBPyConnection) -> dict[int, int]:
@@ -120,10 +139,11 @@ def durations(g: Graph, sc: Scenario, ctx: Context) -> tuple[I64, I64, str]:
     node_v = np.flatnonzero(g.v_kind == V_NODE)
     nodes = g.v_node[node_v]
     compute = g.n_busy[nodes, 0]
-    if sc.kind in ("straggler", "stage-balance"):
+    if sc.kind in ("straggler", "stage-balance", "balance"):
         f = _compute_factor(g, sc, ctx)
         if f is None:
-            return add, lag, "no pipeline stages in this run"
+            what = "pipeline stages" if sc.kind == "stage-balance" else f"{sc.parallelism} group"
+            return add, lag, f"no {what} in this run"
         add[node_v] -= np.rint(compute * (1.0 - f[g.n_rank[nodes]])).astype(np.int64)
     elif sc.kind == "contention":
         if ctx.contention_ns is None or not ctx.contention_ns.any():
@@ -163,6 +183,17 @@ def _compute_factor(g: Graph, sc: Scenario, ctx: Context) -> F64 | None:
     present = np.bincount(g.n_rank, minlength=n_ranks) > 0
     stage = np.array([ctx.stage_of.get(r, 0) for r in range(n_ranks)])
     f = np.ones(n_ranks)
+    if sc.kind == "balance":  # e.g. a causal mask split unevenly over context-parallel ranks
+        found = [m for m in ctx.groups.get(sc.parallelism, []) if len(m) > 1]
+        if not found:
+            return None
+        for members in found:
+            mine = [r for r in members if r < n_ranks and present[r]]
+            mean = float(np.mean(comp[mine])) if mine else 0.0
+            for r in mine:
+                if comp[r] > 0:
+                    f[r] = mean / comp[r]
+        return f
     if sc.kind == "stage-balance":
         if not ctx.stage_of:
             return None

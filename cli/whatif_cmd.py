@@ -15,11 +15,9 @@ from ranklens.cli.app import (
     SkipBadOpt,
     WorkersOpt,
     app,
-    fail,
     open_options,
     out,
 )
-from ranklens.ingest import RanklensError
 from ranklens.ingest.run import open_run
 from rich.table import Table
 
@@ -30,8 +28,8 @@ def whatif(
     fix: Annotated[
         list[str] | None,
         typer.Option(
-            help="straggler[:RANK,...], stage-balance, contention or overlap:PAR (dp, tp, pp, "
-            "...); repeat for several. Default: every one that applies."
+            help="straggler[:RANK,...], stage-balance, balance:PAR, contention or overlap:PAR (dp, "
+            "tp, pp, cp, ...); repeat for several. Default: every one that applies."
         ),
     ] = None,
     scale_comm: Annotated[
@@ -56,12 +54,9 @@ def whatif(
     names = [*(fix or []), *(f"scale-comm:{s}" for s in scale_comm or [])]
     names += [f"scale-kernels:{s}" for s in scale_kernels or []]
     opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
-    try:
-        scenarios = whatif_run.parse_all(names)  # a typo fails before any work
-        with open_run(source, opts) as run:
-            ans = whatif_run.answer(run.con, scenarios)
-    except RanklensError as exc:
-        raise fail(exc) from None
+    scenarios = whatif_run.parse_all(names)  # a typo fails before any work
+    with open_run(source, opts) as run:
+        ans = whatif_run.answer(run.con, scenarios)
     if fmt == "json":
         out.out(json.dumps(ans, indent=2), highlight=False)
         return

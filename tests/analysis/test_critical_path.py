@@ -74,8 +74,11 @@ def test_replay_reproduces_generated_steps(tmp_path: Path, ingest: Ingest, kw: d
             "stage-balance",
         ),
         ({"dp_overlap": True, "contention": 1.25}, {"dp_overlap": True}, "contention"),
+        # an uneven split over a group's ranks (a causal mask over CP ranks; the generator has
+        # no CP dimension, so its TP pairs carry the split): 1.25x / 0.75x -> both at the mean
+        ({"rank_factor": {r: 1.25 if r % 2 == 0 else 0.75 for r in range(16)}}, {}, "balance:tp"),
     ],
-    ids=["straggler-13", "straggler-all", "slow-stage", "contention"],
+    ids=["straggler-13", "straggler-all", "slow-stage", "contention", "split-imbalance"],
 )
 def test_fix_predicts_the_job_without_the_fault(
     tmp_path: Path, ingest: Ingest, fault: dict, fixed: dict, scenario: str
