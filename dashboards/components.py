@@ -175,8 +175,10 @@ def timeline_href(
     step: int | None = None,
     start_ms: float | None = None,
     end_ms: float | None = None,
+    hl: str | None = None,
 ) -> str:
-    """A deep link into the timeline: ranks, step, window in ms since the run's origin."""
+    """A deep link into the timeline: ranks, step, window in ms since the run's origin, and
+    the finding code whose evidence is outlined (`hl`)."""
     q: dict[str, str] = {}
     if ranks:
         q["rank"] = ",".join(str(r) for r in ranks)
@@ -185,4 +187,6 @@ def timeline_href(
     if start_ms is not None and end_ms is not None:
         q["start"] = f"{start_ms:.3f}"
         q["end"] = f"{end_ms:.3f}"
+    if hl:
+        q["hl"] = hl
     return "/timeline" + ("?" + urlencode(q, safe=",") if q else "")

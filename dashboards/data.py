@@ -12,6 +12,7 @@ can; the console's own queries run in processes of their own (analysis.sql_isola
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -19,6 +20,7 @@ from typing import Any
 
 import duckdb
 import flask
+import polars as pl
 from ranklens.analysis import BY_NAME, REGISTRY, Result
 from ranklens.analysis import timeline as tl
 from ranklens.analysis.report import Report, build_report, run_facts
@@ -26,6 +28,27 @@ from ranklens.analysis.sql_console import safe_connect
 
 CONFIG_KEY = "RANKLENS_RUN"
 MEMO_SIZE = 64  # pages and figures kept per run (each page and deep link, a few figures)
+RESULTS_KEPT = 8  # SQL console results kept for their grids to page through
+RESULTS_BYTES = 256 << 20  # ... and at most this much of them (the newest always kept)
+_JS_SAFE_INT = 2**53  # integers beyond this lose digits as JavaScript numbers
+MAX_OUTLINES = 300  # evidence events outlined in one timeline window (the longest first)
+
+# What a finding's evidence is on the timeline, by code prefix (first match wins): the events
+# of these kinds, of this parallelism (None: any), only where communication was exposed.
+EVIDENCE: tuple[tuple[str, tuple[str, ...], str | None, bool], ...] = (
+    ("OVERLAP_", ("comm",), None, True),
+    ("STRAGGLER_EXPOSED_WAIT", ("comm",), None, True),
+    ("STRAGGLER_COMPUTE", ("compute",), None, False),
+    ("STRAGGLER_", ("comm",), None, False),
+    ("PIPELINE_DP_INTO_BUBBLES", ("comm",), "DP", False),
+    ("PIPELINE_STAGE_IMBALANCE", ("compute",), None, False),
+    ("PIPELINE_", ("comm",), "PP", False),
+    ("CONTENTION_COMPUTE", ("compute",), None, False),
+    ("CONTENTION_MEMCPY", ("memcpy", "memset"), None, False),
+    ("CONTENTION_", ("comm",), None, False),
+    ("COLLECTIVE_", ("comm",), None, False),
+    ("BREAKDOWN_COMM", ("comm",), None, False),
+)
 
 
 class RunData:
@@ -40,6 +63,7 @@ class RunData:
         self._extent: tl.Extent | None = None
         self._cache: dict[str, Any] = {}
         self._memo: OrderedDict[Hashable, Any] = OrderedDict()
+        self.results = ResultStore()
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A fresh connection to the same sandboxed database, for one callback."""
@@ -141,6 +165,131 @@ class RunData:
         """Compute everything pages need up front (the CLI does this before serving)."""
         self.report()
         self.timeline_base()
+
+
+def evidence(
+    cur: duckdb.DuckDBPyConnection, win: tl.Window, code: str, ranks: list[int] | None
+) -> pl.DataFrame | None:
+    """The events of a timeline window that are a finding's evidence (EVIDENCE), on `ranks`
+    (None: all), the longest MAX_OUTLINES, as rows (rank, stream, start_ns, end_ns) to
+    outline; None when the code has no evidence events (idle time, alignment). From the
+    window's own events, or, when it is aggregated into buckets, from the database (there
+    the exposed-only filter is left out: exposure is computed on raw events only)."""
+    spec = next((e for e in EVIDENCE if code.startswith(e[0])), None)
+    if spec is None:
+        return None
+    _, kinds, par, exposed = spec
+    if win.mode != "events":
+        return _evidence_query(cur, win, kinds, par, ranks)
+    ev = win.events.filter(pl.col("kind").is_in(kinds))
+    if ranks:
+        ev = ev.filter(pl.col("rank").is_in(ranks))
+    if par is not None:
+        ev = ev.filter(pl.col("parallelism") == par)
+    if exposed and not win.segments.is_empty():
+        seg = win.segments.filter(pl.col("label") == "exposed").select(
+            "rank", pl.col("s").alias("xs"), pl.col("e").alias("xe")
+        )
+        hit = ev.join(seg, on="rank").filter(
+            (pl.col("xs") < pl.col("e")) & (pl.col("xe") > pl.col("s"))
+        )
+        ev = hit.select(ev.columns).unique(maintain_order=True)
+    return (
+        ev.sort("dur_ns", descending=True)
+        .head(MAX_OUTLINES)
+        .select("rank", "stream", pl.col("s").alias("start_ns"), pl.col("e").alias("end_ns"))
+    )
+
+
+def _evidence_query(
+    cur: duckdb.DuckDBPyConnection,
+    win: tl.Window,
+    kinds: tuple[str, ...],
+    par: str | None,
+    ranks: list[int] | None,
+) -> pl.DataFrame:
+    table = cur.sql(
+        """WITH g AS (SELECT pg_name, any_value(parallelism) AS parallelism
+                      FROM process_groups GROUP BY pg_name)
+        SELECT e.rank, e.stream, e.ats_ns AS start_ns, e.aend_ns AS end_ns
+        FROM events_aligned e LEFT JOIN g USING (pg_name)
+        WHERE list_contains($kinds, e.kind::VARCHAR) AND e.ats_ns < $end AND e.aend_ns > $start
+          AND ($ranks IS NULL OR list_contains($ranks, e.rank))
+          AND ($par IS NULL OR g.parallelism = $par)
+        ORDER BY e.dur_ns DESC LIMIT $n""",
+        params={
+            "kinds": list(kinds),
+            "start": win.start_ns,
+            "end": win.end_ns,
+            "ranks": ranks,
+            "par": par,
+            "n": MAX_OUTLINES,
+        },
+    ).to_arrow_table()
+    out = pl.from_arrow(table)
+    assert isinstance(out, pl.DataFrame)
+    return out
+
+
+class ResultStore:
+    """SQL console results kept on the server under a random key, so the page's grid fetches
+    only the rows it shows (a block at a time) instead of the browser receiving them all:
+    100,000 rows sent as one table froze the page. Bounded in count and bytes."""
+
+    def __init__(self, kept: int = RESULTS_KEPT, max_bytes: int = RESULTS_BYTES) -> None:
+        self._kept, self._max_bytes = kept, max_bytes
+        self._lock = threading.Lock()
+        self._frames: OrderedDict[str, pl.DataFrame] = OrderedDict()
+
+    def put(self, df: pl.DataFrame) -> str:
+        key = secrets.token_hex(8)
+        with self._lock:
+            self._frames[key] = df
+            while len(self._frames) > 1 and (
+                len(self._frames) > self._kept
+                or sum(f.estimated_size() for f in self._frames.values()) > self._max_bytes
+            ):
+                self._frames.popitem(last=False)
+        return key
+
+    def get(self, key: str) -> pl.DataFrame | None:
+        with self._lock:
+            return self._frames.get(key)
+
+
+def result_rows(
+    df: pl.DataFrame, start: int, end: int, sort: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Rows `start`..`end` of a console result as JSON-safe records keyed `c0`, `c1`, ...
+    (by position: column names may hold dots or repeat), sorted as the grid asks
+    ([{"colId": "c2", "sort": "desc"}]). Integers past 2**53, dates, durations, lists and
+    structs become text, so the browser shows them exactly."""
+    by = [(int(s["colId"][1:]), s.get("sort") == "desc") for s in sort or [] if _col_id(s, df)]
+    if by:
+        df = df.sort([df.columns[i] for i, _ in by], descending=[d for _, d in by], nulls_last=True)
+    part = df.slice(start, max(end - start, 0))
+    cols = [_json_safe(part[name]).alias(f"c{i}") for i, name in enumerate(part.columns)]
+    return pl.DataFrame(cols).to_dicts() if cols else []
+
+
+def _col_id(sort: dict[str, Any], df: pl.DataFrame) -> bool:
+    cid = str(sort.get("colId", ""))
+    return cid[:1] == "c" and cid[1:].isdigit() and int(cid[1:]) < df.width
+
+
+def _json_safe(col: pl.Series) -> pl.Series:
+    """`col` (a block of rows) as values JSON and JavaScript hold exactly."""
+    dtype = col.dtype
+    if dtype.is_integer():
+        ends = [v for v in (col.min(), col.max()) if isinstance(v, int)]
+        return col.cast(pl.Utf8) if any(abs(v) >= _JS_SAFE_INT for v in ends) else col
+    if dtype.is_float():
+        return col.fill_nan(None)
+    if dtype in (pl.Utf8, pl.Boolean, pl.Null):
+        return col
+    if dtype.is_nested() or dtype in (pl.Object, pl.Binary):
+        return pl.Series([None if v is None else str(v) for v in col.to_list()], dtype=pl.Utf8)
+    return col.cast(pl.Utf8)
 
 
 def current() -> RunData:

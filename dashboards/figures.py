@@ -141,6 +141,7 @@ def step_time(table: pl.DataFrame, max_lines: int = 16, max_markers: int = 300) 
                 y=(part["window_ns"] / MS).to_list(),
                 mode=mode,
                 name=f"rank {r}",
+                customdata=[r] * part.height,  # a click opens the timeline on this rank
                 hovertemplate=f"rank {r}<br>step %{{x}}<br>%{{y:.2f}} ms<extra></extra>",
             )
         )
@@ -194,8 +195,8 @@ def rank_axis(fig: go.Figure, n: int) -> None:
 def comm_share(by_step: pl.DataFrame, by_par: pl.DataFrame, step: int) -> go.Figure:
     """One step per rank: compute share, communication share per parallelism, idle share.
 
-    Communication of different parallelisms can run at once and under compute, so the stack
-    can pass 100%: each bar is |M_x| / |W| (breakdown.by_parallelism), not an exclusive split.
+    Communication of different parallelisms can run at once and under compute, so the bars
+    stand side by side: each is |M_x| / |W| (breakdown.by_parallelism), not an exclusive split.
     """
     steps = by_step.filter(pl.col("step") == step).sort("rank")
     if steps.is_empty():
@@ -231,9 +232,11 @@ def comm_share(by_step: pl.DataFrame, by_par: pl.DataFrame, step: int) -> go.Fig
             marker={"color": SPLIT_COLORS["idle"], "line": {"width": 0}},
         )
     )
-    fig.update_layout(barmode="stack", hovermode="x")
+    # Side by side, not stacked: the shares overlap (comm under compute, DP beside PP), so a
+    # stack would pass 100% and read as an exclusive split (time_split is that one).
+    fig.update_layout(barmode="group", hovermode="x")
     rank_axis(fig, len(x))
-    fig.update_yaxes(title="% of step time (comm may overlap)")
+    fig.update_yaxes(title="% of step time (shares overlap)", range=[0, 100])
     return styled(fig, f"Communication share by parallelism, step {step}")
 
 
@@ -298,7 +301,8 @@ def finding_rows(findings: tuple[Finding, ...] | list[Finding]) -> list[dict[str
 
 def findings_bar(findings: tuple[Finding, ...] | list[Finding], top: int = 8) -> go.Figure:
     """The top findings by time at stake per step."""
-    top_f = [f for f in findings if f.time_at_stake_ns > 0][:top]
+    index = [i for i, f in enumerate(findings) if f.time_at_stake_ns > 0][:top]
+    top_f = [findings[i] for i in index]
     if not top_f:
         return empty("no finding with time at stake")
     fig = go.Figure(
@@ -310,6 +314,7 @@ def findings_bar(findings: tuple[Finding, ...] | list[Finding], top: int = 8) ->
                 ::-1
             ],
             hovertext=[f.message for f in top_f][::-1],
+            customdata=index[::-1],  # the finding's place in `findings`: a click opens it
             hovertemplate="%{hovertext}<br>%{x:.2f} ms/step<extra></extra>",
         )
     )

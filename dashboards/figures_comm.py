@@ -94,10 +94,19 @@ def wait_transfer(by_rank: pl.DataFrame) -> go.Figure:
 
 
 def busbw(table: pl.DataFrame) -> go.Figure:
-    """Bus bandwidth vs message size per op and group, against the link peak (collectives)."""
+    """Bus bandwidth vs message size per op and group, against the link peak where the
+    device's link is known (the title says when it is not: no line is promised)."""
     rows = table.filter(pl.col("busbw_gbps").is_not_null() & pl.col("bytes").is_not_null())
     if rows.is_empty():
-        return empty("no bandwidth: sizes unknown (CPU/gloo traces carry no element type)")
+        sized = "bytes" in table.columns and table["bytes"].is_not_null().any()
+        return empty(
+            "no bandwidth: "
+            + (
+                "no collective has both a size and a device time"
+                if sized
+                else "the trace records no message size for its collectives"
+            )
+        )
     fig = go.Figure()
     for key, part in rows.group_by("parallelism", "op", maintain_order=True):
         par, op = key
@@ -129,7 +138,8 @@ def busbw(table: pl.DataFrame) -> go.Figure:
         )
     fig.update_xaxes(type="log", title="message size (bytes, full array)")
     fig.update_yaxes(title="bus bandwidth (GB/s)", rangemode="tozero")
-    return styled(fig, "Collective bandwidth: busbw vs size")
+    peak_note = "" if peaks.height else " (link peak unknown for this device: none drawn)"
+    return styled(fig, "Collective bandwidth: busbw vs size" + peak_note)
 
 
 _SYMBOLS = {

@@ -15,7 +15,7 @@ from ranklens.analysis import Finding
 from ranklens.dashboards import components as ui
 from ranklens.dashboards.data import RunData, current
 from ranklens.dashboards.figures import MS
-from ranklens.dashboards.pages.timeline import all_ranks, all_steps, step_window
+from ranklens.dashboards.pages.timeline import all_steps, step_window
 
 PATH = "/findings"
 _SEVERITY_COLORS = {"critical": "#B00020", "warning": "#E45756", "info": "#4C78A8"}
@@ -29,20 +29,22 @@ def register(app: dash.Dash) -> None:
 
 
 def timeline_link(data: RunData, f: Finding) -> str:
-    """The timeline window that shows a finding: its window, else its (or the first) step."""
+    """The timeline on a finding's ranks, at its first step (its window when it names no
+    step), with its evidence outlined (`hl`): where the user sees what the finding says."""
     t0 = data.extent().t0_ns
-    many = len(all_ranks(data)) > 16
-    ranks = list(f.ranks) if many and f.ranks else None
-    if f.window_ns is not None:
-        s, e = f.window_ns
-        return ui.timeline_href(ranks, None, (s - t0) / MS, (e - t0) / MS)
-    steps = list(f.steps) or all_steps(data)[:1]
-    if not steps:
-        return ui.timeline_href(ranks)
-    w = step_window(data, steps[0], ranks)
+    ranks = list(f.ranks) or None
+    steps = [s for s in f.steps if s in all_steps(data)] or all_steps(data)[:1]
+    w = step_window(data, steps[0], ranks) if steps and (f.steps or f.window_ns is None) else None
+    if w is not None and f.window_ns is not None:  # the step, inside the finding's window
+        w = (max(w[0], f.window_ns[0]), min(w[1], f.window_ns[1]))
+        w = w if w[1] > w[0] else None
+    if w is None and f.window_ns is not None:
+        return ui.timeline_href(
+            ranks, None, (f.window_ns[0] - t0) / MS, (f.window_ns[1] - t0) / MS, f.code
+        )
     if w is None:
-        return ui.timeline_href(ranks, steps[0])
-    return ui.timeline_href(ranks, steps[0], (w[0] - t0) / MS, (w[1] - t0) / MS)
+        return ui.timeline_href(ranks, steps[0] if steps else None, hl=f.code)
+    return ui.timeline_href(ranks, steps[0], (w[0] - t0) / MS, (w[1] - t0) / MS, f.code)
 
 
 def card(data: RunData, i: int, f: Finding) -> html.Div:

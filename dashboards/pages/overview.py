@@ -1,7 +1,9 @@
 """Overview: step time per rank, where the time went, the ranks x steps heatmap, top findings.
 
 Why first: it answers "is something wrong, where, and how much is at stake" at a glance; the
-heatmap makes a straggler or a slow stage a hot row. Deep link: `/?rank=3&step=4&metric=...`.
+heatmap makes a straggler or a slow stage a hot row. Every chart is a way in: a click on a
+heatmap cell, a rank's bar or point, or a finding's bar opens the timeline there (rank, step,
+evidence). Deep link: `/?rank=3&step=4&metric=...`.
 """
 
 from __future__ import annotations
@@ -11,12 +13,43 @@ from typing import Any
 import dash
 import plotly.graph_objects as go
 import polars as pl
-from dash import Input, Output, State, dcc, html
+from dash import Input, Output, State, ctx, dcc, html
 from ranklens.dashboards import components as ui
 from ranklens.dashboards import figures
 from ranklens.dashboards.data import RunData, current
+from ranklens.dashboards.pages.findings import timeline_link
 
 PATH = "/"
+GRAPHS = (
+    "overview-heatmap",
+    "overview-step-time",
+    "overview-split",
+    "overview-share",
+    "overview-findings-bar",
+)
+
+
+def click_href(data: RunData, graph: str, click: Any, step: int | None) -> str | None:
+    """The timeline link a click on one of the overview's charts opens: the clicked rank at
+    the clicked step (the chart's step, or the first), or the clicked finding's evidence."""
+    try:
+        point = click["points"][0]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if graph == "overview-findings-bar":
+        i = ui.parse_int(point.get("customdata"))
+        found = data.report().findings
+        return timeline_link(data, found[i]) if i is not None and 0 <= i < len(found) else None
+    if graph == "overview-heatmap":
+        rank, step = ui.parse_int(str(point.get("y", "")).lstrip("r")), ui.parse_int(point.get("x"))
+    elif graph == "overview-step-time":
+        rank, step = ui.parse_int(point.get("customdata")), ui.parse_int(point.get("x"))
+    else:  # per-rank bars: x is the rank; the share chart's step is its menu's
+        rank = ui.parse_int(point.get("x"))
+        step = step if graph == "overview-share" else None
+    if rank is None:
+        return None
+    return ui.timeline_href([rank], step)
 
 
 def register(app: dash.Dash) -> None:
@@ -36,6 +69,22 @@ def register(app: dash.Dash) -> None:
         return ui.figure(
             data, ("heatmap", metric, focus), lambda: heatmap_figure(data, metric, focus)
         )
+
+    @app.callback(
+        Output("overview-go", "href"),
+        Input("overview-heatmap", "clickData"),
+        Input("overview-step-time", "clickData"),
+        Input("overview-split", "clickData"),
+        Input("overview-share", "clickData"),
+        Input("overview-findings-bar", "clickData"),
+        State("overview-step", "value"),
+        prevent_initial_call=True,
+    )
+    def _go(*args: Any) -> Any:
+        graph = str(ctx.triggered_id or "")
+        clicks = dict(zip(GRAPHS, args[:-1], strict=True))
+        href = click_href(current(), graph, clicks.get(graph), ui.parse_int(args[-1]))
+        return href if href is not None else dash.no_update
 
     @app.callback(
         Output("overview-share", "figure"),
@@ -94,8 +143,13 @@ def layout(rank: Any = None, step: Any = None, metric: Any = None, **_: Any) -> 
     graph: Any = {"displaylogo": False}
     return html.Div(
         [
-            ui.title("Overview", "Every rank, every step: where the time went and what it costs."),
+            ui.title(
+                "Overview",
+                "Every rank, every step: where the time went and what it costs. "
+                "Click a cell, bar or point to open the timeline there.",
+            ),
             dcc.Store(id="overview-focus", data=focus),
+            dcc.Location(id="overview-go", refresh="callback-nav"),
             html.Div(
                 [
                     html.Div(

@@ -3,12 +3,14 @@
 Why windowed: a large run has millions of events; every pan or zoom asks analysis.timeline
 for the visible window only (events, or busy-time buckets when zoomed out), so the browser
 never receives more than a few thousand rectangles. Clicking a collective outlines the same
-instance on every rank. Deep link: `/timeline?rank=0,3&step=4&start=120.5&end=180` (ms since
-the run's origin on the job clock).
+instance on every rank. Deep link: `/timeline?rank=0,3&step=4&start=120.5&end=180&hl=CODE`
+(ms since the run's origin on the job clock; `hl`: the finding whose evidence is outlined);
+the address bar follows every pan, zoom and pick, so reload and share show the same picture.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import dash
@@ -16,7 +18,7 @@ import polars as pl
 from dash import Input, Output, State, ctx, dcc, html
 from ranklens.analysis import timeline as tl
 from ranklens.dashboards import components as ui
-from ranklens.dashboards.data import RunData, current
+from ranklens.dashboards.data import RunData, current, evidence
 from ranklens.dashboards.figures import MS
 from ranklens.dashboards.figures_timeline import timeline as timeline_figure
 
@@ -45,12 +47,26 @@ def register(app: dash.Dash) -> None:
         prevent_initial_call=True,
     )
 
+    # The address bar follows the view (replaced, not pushed: a zoom is not a page).
+    app.clientside_callback(  # type: ignore[no-untyped-call]
+        """function(href) {
+            if (href && href !== window.location.pathname + window.location.search) {
+                window.history.replaceState(null, "", href);
+            }
+            return window.dash_clientside.no_update;
+        }""",
+        Output("timeline-url", "data"),
+        Input("timeline-permalink", "href"),
+    )
+
     @app.callback(
         Output("timeline-graph", "figure"),
         Output("timeline-window", "data"),
         Output("timeline-label", "children"),
         Output("timeline-permalink", "href"),
         Output("timeline-instance", "children"),
+        Output("timeline-step", "value"),
+        Output("timeline-ranks", "value"),
         Input("timeline-relayout", "data"),
         Input("timeline-graph", "clickData"),
         Input("timeline-ranks", "value"),
@@ -64,6 +80,19 @@ def register(app: dash.Dash) -> None:
     ) -> tuple[Any, ...]:
         prop = ctx.triggered[0]["prop_id"] if ctx.triggered else ""
         return update(current(), prop, relayout, click, ranks, step, win)
+
+
+def step_of(data: RunData, ranks: list[int] | None, start: int, end: int) -> int | None:
+    """The step whose window (over `ranks`) holds the view, so the Step menu never names a
+    step the view has left."""
+    sw = data.cached("step_windows", tl.step_windows)
+    if ranks:
+        sw = sw.filter(pl.col("rank").is_in(ranks))
+    w = sw.group_by("step").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+    # Ranks' step windows overlap at the edges: the step that began last holds the view.
+    # (to the µs a link's window is written in)
+    hit = w.filter((pl.col("start_ns") <= start + 1000) & (pl.col("end_ns") >= end - 1000))
+    return int(hit.sort("start_ns")["step"][-1]) if hit.height else None
 
 
 def step_window(data: RunData, step: int, ranks: list[int] | None) -> tuple[int, int] | None:
@@ -97,6 +126,15 @@ def resolve(
     return ext.t0_ns, max(ext.t1_ns, ext.t0_ns + 1)
 
 
+def _span(values: list[int]) -> str:
+    """`0–7` for a run of consecutive numbers, else the list (or "none")."""
+    if not values:
+        return "none"
+    if values == list(range(values[0], values[-1] + 1)) and len(values) > 2:
+        return f"{values[0]}–{values[-1]}"
+    return ", ".join(map(str, values))
+
+
 def all_steps(data: RunData) -> list[int]:
     sw = data.cached("step_windows", tl.step_windows)
     return [int(s) for s in sw["step"].unique().sort().to_list()]
@@ -112,15 +150,26 @@ def render(
     start_ns: int,
     end_ns: int,
     highlight: pl.DataFrame | None = None,
+    hl: str | None = None,
 ) -> tuple[dict[str, Any], str, str]:
-    """Figure, label and permalink of one window."""
+    """Figure, label and permalink of one window; `hl` outlines that finding's evidence."""
     ext = data.extent()
     cur = data.cursor()
     try:
         win = tl.window(cur, ext, start_ns, end_ns, ranks, base=data.timeline_base())
+        shown = evidence(cur, win, hl, ranks) if hl else None
     finally:
         cur.close()
-    fig = timeline_figure(win, ext.t0_ns, highlight)
+    outlined = pl.concat(
+        [
+            h.select("rank", "stream", "start_ns", "end_ns")
+            for h in (highlight, shown)
+            if h is not None and not h.is_empty()
+        ]
+        or [pl.DataFrame(schema={"rank": pl.Int64})],
+        how="diagonal_relaxed",
+    )
+    fig = timeline_figure(win, ext.t0_ns, outlined if outlined.height else None)
     s_ms, e_ms = (start_ns - ext.t0_ns) / MS, (end_ns - ext.t0_ns) / MS
     label = (
         f"window {s_ms:.3f} – {e_ms:.3f} ms ({e_ms - s_ms:.3f} ms), "
@@ -131,7 +180,12 @@ def render(
             else f"aggregated into {win.bucket_ns / MS:.3g} ms buckets"
         )
     )
-    return fig, label, ui.timeline_href(ranks, None, s_ms, e_ms)
+    if hl:
+        label += f"; evidence of {hl}: " + (
+            f"{shown.height} events outlined" if shown is not None else "none drawn as events"
+        )
+    step = step_of(data, ranks, start_ns, end_ns)
+    return fig, label, ui.timeline_href(ranks, step, s_ms, e_ms, hl)
 
 
 def update(
@@ -147,12 +201,13 @@ def update(
     `trigger` is the Dash prop id that fired, e.g. "timeline-relayout.data" (pan/zoom)."""
     ranks = ui.parse_ints(ranks_v)
     start, end = int(win["start_ns"]), int(win["end_ns"])
+    hl = win.get("hl")
     highlight = None
     info: Any = dash.no_update
     if trigger == "timeline-graph.clickData":
         highlight, info = instance_view(data, click)
         if highlight is None:
-            return (dash.no_update,) * 4 + (info,)
+            return (dash.no_update,) * 4 + (info,) + (dash.no_update,) * 2
         # Show the whole instance on every member rank, even where it lies outside the view.
         lo, hi = int(highlight["arrive_ns"].min()), int(highlight["end_ns"].max())  # type: ignore[arg-type]
         pad = max((hi - lo) // 10, 1000)
@@ -162,7 +217,7 @@ def update(
     elif trigger == "timeline-relayout.data":
         new = _relayout_window(data, relayout, start, end)
         if new is None:
-            return (dash.no_update,) * 5
+            return (dash.no_update,) * 7
         start, end = new
     elif trigger == "timeline-step.value":
         step = ui.parse_int(step_v)
@@ -172,8 +227,10 @@ def update(
     elif trigger == "timeline-reset.n_clicks":
         ext = data.extent()
         start, end = ext.t0_ns, max(ext.t1_ns, ext.t0_ns + 1)
-    fig, label, href = render(data, ranks, start, end, highlight)
-    return fig, {"start_ns": start, "end_ns": end}, label, href, info
+    fig, label, href = render(data, ranks, start, end, highlight, hl)
+    step = step_of(data, ranks, start, end)
+    store = {"start_ns": start, "end_ns": end, "hl": hl}
+    return fig, store, label, href, info, step, ranks
 
 
 def _relayout_window(data: RunData, relayout: Any, start: int, end: int) -> tuple[int, int] | None:
@@ -233,20 +290,39 @@ def instance_view(data: RunData, click: Any) -> tuple[pl.DataFrame | None, Any]:
 
 
 def layout(
-    rank: Any = None, step: Any = None, start: Any = None, end: Any = None, **_: Any
+    rank: Any = None,
+    step: Any = None,
+    start: Any = None,
+    end: Any = None,
+    hl: Any = None,
+    **_: Any,
 ) -> html.Div:
-    """The timeline at the window the URL names (ranks, step, start/end in ms)."""
+    """The timeline at the window the URL names (ranks, step, start/end in ms, the finding
+    whose evidence is outlined); ranks or a step the run does not have are said so."""
     data = current()
     every = all_ranks(data)
-    ranks = ui.parse_ints(rank)
+    asked = ui.parse_ints(rank) or []
+    ranks = [r for r in asked if r in every] or None
+    notes = []
+    if set(asked) - set(every):
+        gone = ", ".join(str(r) for r in sorted(set(asked) - set(every)))
+        notes.append(f"rank {gone} is not in this run (its ranks: {_span(every)})")
     if ranks is None and len(every) > _DEFAULT_RANKS:
         ranks = every[:_DEFAULT_RANKS]
     steps = all_steps(data)
     step_i = ui.parse_int(step)
+    if step_i is not None and step_i not in steps:
+        notes.append(
+            f"step {step_i} is not in this run (its steps: {_span(steps)}); "
+            + (f"showing step {steps[0]}" if steps else "showing the whole run")
+        )
+        step_i = None
     if step_i is None and ui.parse_float(start) is None and steps:
         step_i = steps[0]  # resolve() opens the first step: say so in the step picker
+    code = str(hl) if hl and re.fullmatch(r"[A-Z][A-Z0-9_]{0,63}", str(hl)) else None
     s, e = resolve(data, ranks, step_i, ui.parse_float(start), ui.parse_float(end))
-    fig, label, href = render(data, ranks, s, e)
+    fig, label, href = render(data, ranks, s, e, None, code)
+    step_i = step_of(data, ranks, s, e)
     return html.Div(
         [
             ui.title(
@@ -279,9 +355,15 @@ def layout(
                 ],
                 style={"display": "flex", "gap": "10px", "alignItems": "center"},
             ),
+            html.Div(
+                "; ".join(notes),
+                id="timeline-warning",
+                style={"color": "#a60", "fontWeight": "bold"} if notes else {"display": "none"},
+            ),
             html.Div(label, id="timeline-label", style={"color": "#444", "margin": "6px 0"}),
-            dcc.Store(id="timeline-window", data={"start_ns": s, "end_ns": e}),
+            dcc.Store(id="timeline-window", data={"start_ns": s, "end_ns": e, "hl": code}),
             dcc.Store(id="timeline-relayout"),
+            dcc.Store(id="timeline-url"),
             dcc.Graph(
                 id="timeline-graph",
                 figure=fig,

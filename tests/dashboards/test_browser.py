@@ -255,38 +255,6 @@ def test_pipeline_page_shows_the_analysis_numbers(
     shoot(browser, "pipeline")
 
 
-def test_sql_console_returns_rows_and_refuses_files(browser: Any, straggler: LiveApp) -> None:
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
-
-    def type_query(q: str) -> None:
-        box = browser.find_element(By.ID, "sql-query")
-        box.send_keys(Keys.CONTROL, "a")
-        box.send_keys(Keys.DELETE)
-        box.send_keys(q)
-        browser.find_element(By.ID, "sql-run").click()
-
-    query = "SELECT rank, count(*) AS n FROM events GROUP BY rank ORDER BY rank"
-    con = straggler.data.cursor()
-    expected = [(str(r), str(n)) for r, n in con.execute(query).fetchall()]
-    con.close()
-    open_page(browser, straggler.url("/sql"), "#sql-query")
-    type_query(query)
-    wait_for(browser, "document.querySelector('#sql-table td')")
-    got = browser.execute_script(
-        """return Array.from(document.querySelectorAll('#sql-table tbody tr'))
-             .filter(tr => tr.querySelector('td'))
-             .map(tr => ['rank', 'n'].map(c =>
-                 tr.querySelector(`td[data-column="${c}"]`).innerText.trim()));"""
-    )
-    assert [tuple(r) for r in got] == expected
-    shoot(browser, "sql")
-
-    type_query("SELECT * FROM read_csv('/etc/passwd')")
-    msg = wait_for(browser, "document.querySelector('#sql-error').innerText")
-    assert msg.startswith("error:") and "disabled" in msg
-
-
 def test_every_page_opens(
     browser: Any, sample_db: Callable[[str], Path], live_app: Callable[[Path], LiveApp]
 ) -> None:

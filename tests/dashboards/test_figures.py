@@ -80,7 +80,7 @@ def test_time_split_adds_up_to_the_window() -> None:
     )
 
 
-def test_comm_share_stacks_parallelisms_of_one_step() -> None:
+def test_comm_share_puts_overlapping_shares_side_by_side() -> None:
     steps = pl.DataFrame(
         {"rank": [0, 1], "step": [1, 1], "compute_share": [0.5, 0.6], "idle_share": [0.1, 0.2]}
     )
@@ -95,6 +95,8 @@ def test_comm_share_stacks_parallelisms_of_one_step() -> None:
     fig = figures.comm_share(steps, par, 1)
     assert [t.name for t in fig.data] == ["compute", "DP comm", "TP comm", "idle"]
     assert list(fig.data[2].y) == pytest.approx([10.0, 0.0])
+    # overlapping shares are not stacked into a sum past 100%
+    assert fig.layout.barmode == "group" and list(fig.layout.yaxis.range) == [0, 100]
 
 
 def test_findings_keep_the_report_order() -> None:
@@ -147,8 +149,14 @@ def test_busbw_against_the_peak() -> None:
     fig = figures_comm.busbw(t)
     assert list(fig.data[0].y) == [20.0, 150.0] and fig.layout.xaxis.type == "log"
     assert any("peak 450" in a.text for a in fig.layout.annotations)
+    assert "peak unknown" not in fig.layout.title.text
+    unknown = figures_comm.busbw(t.with_columns(pl.lit(None, pl.Float64).alias("peak_gbps")))
+    assert "peak unknown" in unknown.layout.title.text and not unknown.layout.annotations
     empty = figures_comm.busbw(t.with_columns(pl.lit(None, pl.Float64).alias("bytes")))
-    assert "no bandwidth" in empty.layout.annotations[0].text
+    msg = empty.layout.annotations[0].text
+    assert "no message size" in msg and "gloo" not in msg
+    timed = figures_comm.busbw(t.with_columns(pl.lit(None, pl.Float64).alias("busbw_gbps")))
+    assert "no collective has both a size and a device time" in timed.layout.annotations[0].text
 
 
 def test_contention_slowdown_ranks_by_time_lost() -> None:
@@ -228,12 +236,12 @@ def test_timeline_callback_zoom_and_click(app: dash.Dash) -> None:
             win,
         )
         _fig, new, label, href = out[:4]
-        assert new == {"start_ns": t0 + 10_000_000, "end_ns": t0 + 12_500_000}
+        assert new == {"start_ns": t0 + 10_000_000, "end_ns": t0 + 12_500_000, "hl": None}
         assert "window 10.000 – 12.500 ms" in label and "start=10.000&end=12.500" in href
         # A relayout that does not move the window (e.g. autosize) changes nothing.
         assert (
             tpage.update(data, "timeline-relayout.data", {"autosize": True}, None, None, None, new)
-            == (dash.no_update,) * 5
+            == (dash.no_update,) * 7
         )
         cur = data.cursor()
         ev = cur.execute(
@@ -281,10 +289,11 @@ def test_pipeline_summary_and_findings_links(app: dash.Dash) -> None:
 
 
 def test_sql_page_runs_a_query(app: dash.Dash) -> None:
-    out, err = sql.execute(run_data(app), "SELECT 41 + 1 AS answer")
-    assert err == "" and "42" in json.dumps(
-        out.to_plotly_json(), cls=plotly.utils.PlotlyJSONEncoder
-    )
+    data = run_data(app)
+    out, err = sql.execute(data, "SELECT 41 + 1 AS answer")
+    assert err == "" and out.children[1].columnDefs[0]["headerName"] == "answer"
+    rows = sql.rows_response(data, out.children[1].id["key"], {"startRow": 0, "endRow": 10})
+    assert rows == {"rowData": [{"c0": 42}], "rowCount": 1}
 
 
 def test_window_switches_to_buckets_past_the_cap(app: dash.Dash) -> None:

@@ -64,11 +64,47 @@ def test_analysis_views_are_queryable(data: RunData) -> None:
 
 
 def test_row_limit(data: RunData) -> None:
-    out, err = sql.execute(data, "SELECT * FROM range(5000)")
+    out, err = sql.execute(data, f"SELECT range AS i FROM range({sql.MAX_ROWS + 5000})")
     assert err == ""
-    rows = out.children[1].children[0].children[1].children
-    assert len(rows) == sql.MAX_ROWS
-    assert f"first {sql.MAX_ROWS} rows shown" in out.children[0].children
+    note, grid = out.children
+    assert f"{sql.MAX_ROWS:,} rows" in note.children and "the first" in note.children
+    key = grid.id["key"]
+    last = sql.rows_response(
+        data, key, {"startRow": sql.MAX_ROWS - 10, "endRow": sql.MAX_ROWS + 10}
+    )
+    assert last["rowCount"] == sql.MAX_ROWS and len(last["rowData"]) == 10
+    assert last["rowData"][-1]["c0"] == sql.MAX_ROWS - 1
+    top = sql.rows_response(
+        data, key, {"startRow": 0, "endRow": 3, "sortModel": [{"colId": "c0", "sort": "desc"}]}
+    )
+    assert [r["c0"] for r in top["rowData"]] == [
+        sql.MAX_ROWS - 1,
+        sql.MAX_ROWS - 2,
+        sql.MAX_ROWS - 3,
+    ]
+    assert sql.rows_response(data, "no-such-key", {"startRow": 0, "endRow": 5})["rowCount"] == 0
+
+
+def test_rows_are_json_safe(data: RunData) -> None:
+    """Values JavaScript would round or cannot hold arrive as exact text."""
+    out, err = sql.execute(
+        data,
+        "SELECT 1712345678901234567 AS ts, 7 AS small, [1, 2] AS l, DATE '2024-01-02' AS d, "
+        "'nan'::DOUBLE AS f, {'a': 1} AS s, 'x.y' AS \"a.b\"",
+    )
+    assert err == ""
+    grid = out.children[1]
+    assert [c["headerName"] for c in grid.columnDefs] == ["ts", "small", "l", "d", "f", "s", "a.b"]
+    row = sql.rows_response(data, grid.id["key"], {"startRow": 0, "endRow": 1})["rowData"][0]
+    assert row["c0"] == "1712345678901234567" and row["c1"] == 7
+    assert row["c2"] == "[1, 2]" and row["c3"] == "2024-01-02" and row["c4"] is None
+    assert "a" in row["c5"] and row["c6"] == "x.y"
+
+
+def test_page_time_limit(data: RunData, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sql, "TIMEOUT_S", 0.5)
+    result, err = sql.execute(data, "SELECT count(*) FROM range(1000000000000) a, range(10) b")
+    assert result is None and "stopped after" in err, err
 
 
 def test_time_limit(data: RunData) -> None:

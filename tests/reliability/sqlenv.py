@@ -65,6 +65,7 @@ class Server:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
         urllib.request.urlopen(self.base + "/", timeout=60).read()  # registers the page router
+        _LIVE[:] = [self]  # cells() fetches a result grid's rows from the server serving it
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -99,7 +100,7 @@ class Server:
         """Type `query` and press Run: (status, result component, error text)."""
         status, got = self.callback(
             [("sql-result", "children"), ("sql-error", "children")],
-            [("sql-run", "n_clicks", 1)],
+            [("sql-run", "n_clicks", 1), ("sql-auto", "data", False)],
             [("sql-query", "value", query)],
         )
         if status != 200:
@@ -108,7 +109,8 @@ class Server:
         return status, out["sql-result"]["children"], str(out["sql-error"]["children"])
 
     def link(self, query: str) -> tuple[int, Any]:
-        """Open `/sql?q=QUERY` (the page router's callback): (status, page component)."""
+        """Open `/sql?q=QUERY` (the page router's callback, then the page's own run on load):
+        (status, page component with the result and error the page then shows)."""
         status, got = self.callback(
             [("_pages_content", "children"), ("_pages_store", "data")],
             [
@@ -116,7 +118,49 @@ class Server:
                 ("_pages_location", "search", "?" + urllib.parse.urlencode({"q": query})),
             ],
         )
-        return status, got["response"]["_pages_content"]["children"] if status == 200 else got
+        if status != 200:
+            return status, got
+        page = got["response"]["_pages_content"]["children"]
+        status, got = self.callback(
+            [("sql-result", "children"), ("sql-error", "children")],
+            [("sql-run", "n_clicks", None), ("sql-auto", "data", True)],
+            [("sql-query", "value", query)],
+        )
+        if status != 200:
+            return status, got
+        out = got["response"]
+        shown = {"props": {"id": "sql-error", "children": out["sql-error"]["children"]}}
+        return status, {"props": {"children": [out["sql-result"]["children"], shown, page]}}
+
+    def rows(self, grid_id: dict[str, str], start: int = 0, end: int = 100_000) -> Any:
+        """The rows the result grid `grid_id` fetches, as the page's grid asks for them."""
+        prop = "getRowsResponse"
+        body = {
+            "output": '{"key":["MATCH"],"type":"sql-grid"}.' + prop,
+            "outputs": {"id": grid_id, "property": prop},
+            "inputs": [
+                {
+                    "id": grid_id,
+                    "property": "getRowsRequest",
+                    "value": {"startRow": start, "endRow": end},
+                }
+            ],
+            "changedPropIds": [
+                json.dumps(grid_id, sort_keys=True, separators=(",", ":")) + ".getRowsRequest"
+            ],
+            "state": [],
+        }
+        req = urllib.request.Request(
+            self.base + "/_dash-update-component",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            out = json.loads(resp.read())
+        return next(iter(out["response"].values()))[prop]
+
+
+_LIVE: list[Server] = []
 
 
 def find(component: Any, id_: str) -> Any:
@@ -135,16 +179,30 @@ def find(component: Any, id_: str) -> Any:
 
 
 def cells(component: Any) -> list[dict[str, str]]:
-    """The rows of the result table (`sql-table`) as {column: cell text}."""
-    table = find(component, "sql-table")
-    rows: list[dict[str, str]] = []
-    if table is None:
-        return rows
-    body = table["props"]["children"][1]
-    for tr in body["props"]["children"] or []:
-        tds = tr["props"]["children"]
-        rows.append({td["props"]["data-column"]: str(td["props"]["children"]) for td in tds})
-    return rows
+    """The rows of the result grid as {column: cell text}, fetched from the server as the
+    page's grid fetches them (the grid's columns name the fields c0, c1, ...)."""
+    grid = _grid(component)
+    if grid is None:
+        return []
+    names = {c["field"]: c["headerName"] for c in grid["props"]["columnDefs"]}
+    got = _LIVE[0].rows(grid["props"]["id"])
+    return [
+        {names[k]: "" if v is None else str(v) for k, v in row.items()} for row in got["rowData"]
+    ]
+
+
+def _grid(component: Any) -> Any:
+    if isinstance(component, dict):
+        props = component.get("props", {})
+        if isinstance(props.get("id"), dict) and props["id"].get("type") == "sql-grid":
+            return component
+        return _grid(props.get("children"))
+    if isinstance(component, list):
+        for c in component:
+            hit = _grid(c)
+            if hit is not None:
+                return hit
+    return None
 
 
 def error_text(component: Any) -> str:
