@@ -12,7 +12,7 @@ from typing import Any
 
 import duckdb
 import polars as pl
-from ranklens.analysis import _activity, critical_path, savings
+from ranklens.analysis import _activity, critical_path, results_store, savings
 from ranklens.analysis._base import Finding, Result
 from ranklens.analysis._sql import query_pl
 
@@ -73,7 +73,7 @@ def build_report(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] | None =
             stack.enter_context(_activity.held(con))
         for mod in mods:
             if mod.NAME != critical_path.NAME:  # it replays the others' findings: below
-                results[mod.NAME] = mod.run(con)
+                results[mod.NAME] = results_store.compute_or_load(con, mod)
     from ranklens.analysis.findings import derive
 
     found = [*(f for r in results.values() for f in r.findings), *derive(results)]

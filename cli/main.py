@@ -1,7 +1,8 @@
 """The `ranklens` command. It narrates and renders; every number comes from ranklens.analysis.
 
 Commands live in this module (runs: ingest, report, analyze, sql, demo, dashboard) and in
-ci_commands.py (check, capture) and whatif_cmd.py (whatif); app.py holds what they share.
+ci_commands.py (check, capture), whatif_cmd.py (whatif) and export_cmd.py (export); app.py holds
+what they share.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Annotated
 import typer
 from ranklens.analysis import BY_NAME
 from ranklens.analysis.report import build_report
+from ranklens.analysis.results_store import finalize_run
 from ranklens.analysis.sql_console import run_sql
-from ranklens.analysis.views import store_views
 from ranklens.cli import render
 from ranklens.cli.app import (
     AllowMixedOpt,
@@ -60,7 +61,7 @@ def ingest(
             output,
             opts,
             progress=lambda done, total: prog.update(task, completed=done, total=total),
-            finalize=store_views,  # the views go in before the one atomic rename
+            finalize=finalize_run,  # views and stored results, before the atomic rename
         )
     out.print(f"ingested {len(rep.ranks)} rank(s), {rep.n_events:,} events -> {output}")
     for s in rep.skipped:
@@ -216,7 +217,7 @@ def dashboard(
 
 
 # Registered last so `ranklens --help` lists the run commands first.
-from ranklens.cli import ci_commands, whatif_cmd  # noqa: E402, F401
+from ranklens.cli import ci_commands, export_cmd, whatif_cmd  # noqa: E402, F401
 
 
 def main() -> None:

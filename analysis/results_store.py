@@ -1,0 +1,196 @@
+"""Analysis results kept in the run's database, so a face reuses them instead of recomputing.
+
+Why: the dashboard and `report` recompute every analysis at each start (30 s on 10 M events),
+though a run's tables never change after ingest. Results are stored where the run is (one file
+to copy), each with what made it: tool and schema version, the analysis' options and the run's
+ingest stamp. A stored result is used only when all of those still match (else it is stale and
+the caller computes it), and only if it reads back identical to what was computed: a table or a
+finding that would not round-trip is simply not stored.
+
+Writing needs a writable connection (ingest's `finalize` hook, or `refresh` on a file nobody
+holds open); reading works on the read-only connections every face uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import ExitStack
+from dataclasses import asdict, is_dataclass
+from datetime import datetime, timezone
+from types import ModuleType
+from typing import Any
+
+import duckdb
+from ranklens.analysis._base import Finding, Result, Severity
+from ranklens.analysis._sql import query_pl
+from ranklens.ingest.schema import SCHEMA_VERSION
+
+from ranklens import __version__
+
+META = "analysis_results"
+# critical_path replays the others' findings inside build_report; it is not stored on its own.
+SKIP = frozenset({"critical_path"})
+_DDL = f"""CREATE TABLE IF NOT EXISTS {META} (
+  analysis VARCHAR PRIMARY KEY, tool_version VARCHAR, schema_version VARCHAR, options VARCHAR,
+  run_stamp VARCHAR, computed_at VARCHAR, findings VARCHAR, tables VARCHAR)"""
+
+
+def options_of(mod: ModuleType) -> str:
+    """The options an analysis runs with by default, as stable text."""
+    params = mod.Params() if hasattr(mod, "Params") else None
+    if is_dataclass(params) and not isinstance(params, type):
+        return json.dumps(asdict(params), sort_keys=True, default=repr)
+    return repr(params)
+
+
+def _stamp(con: duckdb.DuckDBPyConnection) -> str:
+    """What identifies this ingest of the run (tables never change after it)."""
+    rows = con.execute(
+        "SELECT key, value FROM meta WHERE key IN ('ingested_at', 'n_files') ORDER BY key"
+    ).fetchall()
+    return ";".join(f"{k}={v}" for k, v in rows)
+
+
+def store(con: duckdb.DuckDBPyConnection, res: Result, mod: ModuleType) -> bool:
+    """Store `res` (computed by `mod` with its default options) in `con`; False when it would
+    not read back identical (then nothing of it is stored)."""
+    findings = json.dumps([f.as_dict() for f in res.findings])
+    if [_finding(d) for d in json.loads(findings)] != list(res.findings):
+        return False
+    con.execute(_DDL)
+    drop(con, res.name)
+    frames = {"": res.table, **res.tables}
+    names = {key: _table_name(res.name, key) for key in frames}
+    for key, df in frames.items():
+        con.register("_rs_frame", df)
+        try:
+            con.execute(f'CREATE TABLE "{names[key]}" AS SELECT * FROM _rs_frame')
+        finally:
+            con.unregister("_rs_frame")
+        if not query_pl(con, f'SELECT * FROM "{names[key]}"').equals(df):
+            drop(con, res.name, list(names.values()))
+            return False
+    con.execute(
+        f"INSERT INTO {META} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            res.name,
+            __version__,
+            str(SCHEMA_VERSION),
+            options_of(mod),
+            _stamp(con),
+            datetime.now(timezone.utc).isoformat(),
+            findings,
+            json.dumps(names),
+        ],
+    )
+    return True
+
+
+def load(con: duckdb.DuckDBPyConnection, mod: ModuleType) -> Result | None:
+    """The stored result of `mod` if it is fresh, else None (the caller computes it)."""
+    if not _has_meta(con):
+        return None
+    rows = con.execute(
+        f"SELECT tool_version, schema_version, options, run_stamp, findings, tables FROM {META} "
+        "WHERE analysis = ?",
+        [mod.NAME],
+    ).fetchall()
+    if not rows:
+        return None
+    tool, schema, options, stamp, findings, tables = rows[0]
+    want = (__version__, str(SCHEMA_VERSION), options_of(mod), _stamp(con))
+    if (tool, schema, options, stamp) != want:
+        return None
+    names: dict[str, str] = json.loads(tables)
+    frames = {key: query_pl(con, f'SELECT * FROM "{t}"') for key, t in names.items()}
+    params = mod.Params() if hasattr(mod, "Params") else None
+    return Result(
+        name=mod.NAME,
+        table=frames.pop(""),
+        findings=tuple(_finding(d) for d in json.loads(findings)),
+        params=params,
+        tables=frames,
+    )
+
+
+def compute_or_load(con: duckdb.DuckDBPyConnection, mod: ModuleType) -> Result:
+    """The hook for build_report: a fresh stored result, else a computed one."""
+    return load(con, mod) or mod.run(con)
+
+
+def store_all(con: duckdb.DuckDBPyConnection, mods: tuple[ModuleType, ...]) -> list[str]:
+    """Compute and store every analysis of `mods` (but SKIP); returns the names stored."""
+    from ranklens.analysis import _activity
+
+    done = []
+    with ExitStack() as stack:
+        if any(m.NAME in _activity.USERS for m in mods):  # the shared islands, computed once
+            stack.enter_context(_activity.held(con))
+        for mod in mods:
+            if mod.NAME not in SKIP and store(con, mod.run(con), mod):
+                done.append(str(mod.NAME))
+    return done
+
+
+def finalize_run(con: duckdb.DuckDBPyConnection) -> None:
+    """Ingest's last step before its atomic rename: the analysis views, and every registered
+    analysis' results stored for the faces to reuse."""
+    from ranklens.analysis import REGISTRY
+    from ranklens.analysis.views import store_views
+
+    store_views(con)
+    store_all(con, REGISTRY)
+
+
+def refresh(db_path: str | os.PathLike[str], mods: tuple[ModuleType, ...]) -> list[str]:
+    """Recompute what is stale in a database file nobody else holds open; returns the names."""
+    con = duckdb.connect(str(db_path))
+    try:
+        stale = tuple(m for m in mods if m.NAME not in SKIP and load(con, m) is None)
+        return store_all(con, stale)
+    finally:
+        con.close()
+
+
+def drop(con: duckdb.DuckDBPyConnection, name: str, tables: list[str] | None = None) -> None:
+    """Remove the stored result of `name` (its tables and its row)."""
+    if tables is None and _has_meta(con):
+        rows = con.execute(f"SELECT tables FROM {META} WHERE analysis = ?", [name]).fetchall()
+        tables = list(json.loads(rows[0][0]).values()) if rows else []
+    for t in tables or []:
+        con.execute(f'DROP TABLE IF EXISTS "{t}"')
+    if _has_meta(con):
+        con.execute(f"DELETE FROM {META} WHERE analysis = ?", [name])
+
+
+def _has_meta(con: duckdb.DuckDBPyConnection) -> bool:
+    return bool(
+        con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE table_name = ? "
+            "AND database_name = current_database() AND schema_name = 'main'",
+            [META],
+        ).fetchall()[0][0]
+    )
+
+
+def _table_name(analysis: str, key: str) -> str:
+    return f"result_{analysis}__{key or 'main'}"
+
+
+def _finding(d: dict[str, Any]) -> Finding:
+    return Finding(
+        code=d["code"],
+        severity=Severity(d["severity"]),
+        message=d["message"],
+        fix=d["fix"],
+        time_at_stake_ns=d["time_at_stake_ns"],
+        ranks=tuple(d["ranks"]),
+        steps=tuple(d["steps"]),
+        window_ns=None if d["window_ns"] is None else (d["window_ns"][0], d["window_ns"][1]),
+        value=d["value"],
+        threshold=d["threshold"],
+        evidence=d["evidence"],
+        saving_ns=d["saving_ns"],
+        saving_method=d["saving_method"],
+    )

@@ -1,0 +1,50 @@
+"""`ranklens export`: a run's tables as Parquet other engines read (logic in ingest/export.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from ranklens.cli.app import (
+    AllowMixedOpt,
+    LayoutOpt,
+    NoAlignOpt,
+    OffsetsOpt,
+    SkipBadOpt,
+    WorkersOpt,
+    app,
+    open_options,
+    out,
+)
+from ranklens.ingest.export import export_run
+
+
+@app.command()
+def export(
+    source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
+    parquet: Annotated[
+        Path,
+        typer.Option(
+            "--parquet",
+            help="New (or empty) directory: per-rank tables as TABLE/rank=N/*.parquet, "
+            "the others as TABLE.parquet.",
+        ),
+    ],
+    skip_bad: SkipBadOpt = False,
+    workers: WorkersOpt = None,
+    allow_mixed: AllowMixedOpt = False,
+    no_align: NoAlignOpt = False,
+    offsets: OffsetsOpt = None,
+    layout: LayoutOpt = None,
+) -> None:
+    """Write every table of the run as Parquet (hive-partitioned by rank where per rank),
+    atomically; never into a non-empty directory or over an input."""
+    opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
+    rep = export_run(list(source), parquet, opts)
+    out.print(
+        f"exported {len(rep.rows)} tables, {rep.total_rows:,} rows -> {parquet} "
+        f"(by rank: {', '.join(rep.partitioned) or 'none'})",
+        highlight=False,
+        soft_wrap=True,
+    )
