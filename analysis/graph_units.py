@@ -102,8 +102,20 @@ def sync_sources(rs: I64, u_lane: I64, u_s: I64, u_e: I64, prev_e: I64, tol: I64
     np.minimum.at(t0, rs, np.minimum(u_s, u_e))
     rel_s, rel_e = u_s - t0[rs], u_e - t0[rs]
     bits = max(int(max(rel_s.max(), rel_e.max())).bit_length(), 1)
-    if bits + int(rs.max()).bit_length() > 62:
-        raise ValueError("a step longer than the graph's clock range")
+    if bits + int(rs.max()).bit_length() > 62 and int(rs.max()) > 0:
+        # steps too long to pack next to their key: one (rank, step) at a time
+        for key in np.unique(rs).tolist():
+            mine = np.flatnonzero(rs == key)
+            sub = sync_sources(
+                np.zeros(len(mine), np.int64),
+                u_lane[mine],
+                u_s[mine],
+                u_e[mine],
+                prev_e[mine],
+                tol[mine],
+            )
+            out[mine] = np.where(sub >= 0, mine[np.maximum(sub, 0)], -1)
+        return out
     key_e = (rs << bits) | rel_e
     by_end = np.argsort(key_e, kind="stable")
     k_sorted = key_e[by_end]
