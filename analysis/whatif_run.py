@@ -35,7 +35,12 @@ def answer(con: duckdb.DuckDBPyConnection, parsed: list[wi.Scenario]) -> dict[st
     """{measured_step_ns, replayed_step_ns, replay_error, steps, scenarios: [{name,
     predicted_step_ns, saving_ns, saving_share, note}]}: means over steps, per step inside;
     no scenario: every one that applies (default_scenarios)."""
-    m = cp.model(con, patterns=tuple(s.pattern for s in parsed if s.pattern))
+    return answer_of(cp.model(con, patterns=tuple(s.pattern for s in parsed if s.pattern)), parsed)
+
+
+def answer_of(m: cp.Model, parsed: list[wi.Scenario]) -> dict[str, Any]:
+    """`answer` from a model already built (the dashboard keeps one per run); its context must
+    hold each scale-kernels pattern's per-node time (ctx.pattern_ns)."""
     if not parsed:
         parsed = [wi.parse(s) for s in default_scenarios(m)]
     g = m.graph

@@ -176,9 +176,10 @@ def timeline_href(
     start_ms: float | None = None,
     end_ms: float | None = None,
     hl: str | None = None,
+    cp: bool = False,
 ) -> str:
-    """A deep link into the timeline: ranks, step, window in ms since the run's origin, and
-    the finding code whose evidence is outlined (`hl`)."""
+    """A deep link into the timeline: ranks, step, window in ms since the run's origin, the
+    finding code whose evidence is outlined (`hl`), the critical path drawn (`cp`)."""
     q: dict[str, str] = {}
     if ranks:
         q["rank"] = ",".join(str(r) for r in ranks)
@@ -189,4 +190,6 @@ def timeline_href(
         q["end"] = f"{end_ms:.3f}"
     if hl:
         q["hl"] = hl
+    if cp:
+        q["cp"] = "1"
     return "/timeline" + ("?" + urlencode(q, safe=",") if q else "")

@@ -41,6 +41,16 @@ SPLIT_COLORS: dict[str, str] = {
     "memory copies": KIND_COLORS["memcpy"],
     "idle": "#D3D3D3",
 }
+# The critical path's categories (analysis.graph_replay.CATEGORIES) in the colours the
+# other pages give the same time: compute, communication, exposed waiting, copies, idle.
+PATH_COLORS: dict[str, str] = {
+    "compute": KIND_COLORS["compute"],
+    "comm_transfer": KIND_COLORS["comm"],
+    "comm_wait": SPLIT_COLORS["exposed comm"],
+    "memory": KIND_COLORS["memcpy"],
+    "host_launch": "#72B7B2",
+    "idle": "#9A9A9A",
+}
 
 # Heatmap metrics: (label, source, column). Source "breakdown" is breakdown.table,
 # "stragglers" is stragglers.tables["by_step"].

@@ -26,7 +26,7 @@ import numpy.typing as npt
 import polars as pl
 from ranklens.analysis.timeline import Window
 from ranklens.dashboards.figures import MS, empty, template
-from ranklens.dashboards.timeline_layers import Floats, Layer, lanes, layers
+from ranklens.dashboards.timeline_layers import Floats, Layer, lanes, layers, path_lines
 
 HOVER: dict[str, str] = {
     "events": "%{customdata[3]}<br>rank %{customdata[0]} · start %{customdata[4]:.3f} ms"
@@ -109,10 +109,15 @@ def lane_ticks(lane_list: list[tuple[int, int]]) -> dict[str, list[Any]]:
     return {"tickvals": list(first.values()), "ticktext": [f"r{r}" for r in first]}
 
 
-def timeline(win: Window, t0_ns: int, highlight: pl.DataFrame | None = None) -> dict[str, Any]:
+def timeline(
+    win: Window,
+    t0_ns: int,
+    highlight: pl.DataFrame | None = None,
+    path: pl.DataFrame | None = None,
+) -> dict[str, Any]:
     """The window as lanes (rank, stream) x time, as plotly JSON (what dcc.Graph takes);
     `highlight` rows (rank, stream, start_ns, end_ns on the job clock) are outlined, e.g. one
-    collective instance on every rank."""
+    collective instance on every rank; `path` (critical_path rows) is drawn over the lanes."""
     lane_list = lanes(win)
     if not lane_list:
         out = empty("no device activity in this window").to_plotly_json()
@@ -126,6 +131,8 @@ def timeline(win: Window, t0_ns: int, highlight: pl.DataFrame | None = None) -> 
         members = [ly for ly in layer_list if ly.group == group]
         if members:
             data.append(_hover(group, members, view, spacing))
+    if path is not None:
+        data += _path(path, lane_list, t0_ns)
     mode = (
         f"{win.events.height} events"
         if win.mode == "events"
@@ -232,3 +239,33 @@ def _hover(
         "customdata": [custom[i] for i in idx.tolist()],
         "hovertemplate": HOVER[group],
     }
+
+
+def _path(path: pl.DataFrame, lane_list: list[tuple[int, int]], t0: int) -> list[dict[str, Any]]:
+    """The critical path: a dark chain through its segments (the order the step's time
+    passes between ranks), each segment a line in its category's colour on top."""
+    lines, cx, cy = path_lines(path, lane_list, t0)
+    chain = {
+        "type": "scatter",
+        "x": cx,
+        "y": cy,
+        "mode": "lines",
+        "line": {"color": "rgba(20,20,20,0.85)", "width": 7},
+        "name": "critical path",
+        "hoverinfo": "skip",
+    }
+    return [chain] + [
+        {
+            "type": "scatter",
+            "x": ln.x,
+            "y": ln.y,
+            "mode": "lines",
+            "line": {"color": ln.color, "width": 3},
+            "name": ln.name,
+            "customdata": ln.custom,
+            "hovertemplate": "critical path · r%{customdata[0]} · %{customdata[1]}<br>"
+            "%{customdata[2]}: %{customdata[3]}<br>%{customdata[6]:.3f} ms"
+            "<extra>%{fullData.name}</extra>",
+        }
+        for ln in lines
+    ]

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 from ranklens.analysis.timeline import Window
-from ranklens.dashboards.figures import KIND_COLORS, MS, PAR_COLORS
+from ranklens.dashboards.figures import KIND_COLORS, MS, PAR_COLORS, PATH_COLORS
 
 Floats = npt.NDArray[np.float64]
 
@@ -151,3 +151,54 @@ def _buckets(win: Window, index: dict[tuple[int, int], int], t0: int) -> list[La
         box = (start, start + length, lane - HALF, lane + HALF)
         out.append(Layer(key, _color(key), *box, custom, "buckets"))
     return out
+
+
+@dataclass(frozen=True)
+class PathLine:
+    """One category's critical path segments as a line per segment on its lane (None breaks
+    the line between segments), with per point (rank, stream, category, name, start and end
+    in ns since t0, duration ms, step) for the hover."""
+
+    name: str
+    color: str
+    x: list[float | None]
+    y: list[float | None]
+    custom: list[list[Any] | None]
+
+
+def path_lines(
+    path: pl.DataFrame, lane_list: list[tuple[int, int]], t0: int
+) -> tuple[list[PathLine], list[float | None], list[float | None]]:
+    """The path's segments per category on their lanes (the segment's own stream when it is
+    a lane, else its rank's first lane; ranks not shown are left out), and the chain that
+    joins consecutive segments of a step (x, y with None between steps)."""
+    index = {lane: i for i, lane in enumerate(lane_list)}
+    first: dict[int, int] = {}
+    for i, (r, _) in enumerate(lane_list):
+        first.setdefault(r, i)
+    by_cat: dict[str, PathLine] = {}
+    cx: list[float | None] = []
+    cy: list[float | None] = []
+    last_step = None
+    for row in path.iter_rows(named=True):
+        rank, stream = int(row["rank"]), row["stream"]
+        lane = index.get((rank, int(stream))) if stream is not None else None
+        lane = lane if lane is not None else first.get(rank)
+        if lane is None:
+            continue
+        cat = str(row["category"])
+        line = by_cat.setdefault(
+            cat, PathLine(f"path: {cat}", PATH_COLORS.get(cat, "#000000"), [], [], [])
+        )
+        s, e = int(row["start_ns"]) - t0, int(row["end_ns"]) - t0
+        info = [rank, stream, cat, row["name"] or "", s, e, round((e - s) / MS, 6), row["step"]]
+        line.x.extend([s / MS, e / MS, None])
+        line.y.extend([float(lane), float(lane), None])
+        line.custom.extend([info, info, None])
+        if last_step is not None and row["step"] != last_step:
+            cx.append(None)
+            cy.append(None)
+        cx.extend([s / MS, e / MS])
+        cy.extend([float(lane), float(lane)])
+        last_step = row["step"]
+    return [by_cat[c] for c in sorted(by_cat)], cx, cy

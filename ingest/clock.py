@@ -118,13 +118,7 @@ def _estimate(
     main = comp[0]
     offsets = {r: round(float(o[did[d]])) for r, d in domain.items()}
     methods = {
-        r: (
-            "p2p"
-            if did[d] in linked
-            else "unconnected"
-            if comp[did[d]] != main
-            else "collectives"
-        )
+        r: ("p2p" if did[d] in linked else "unconnected" if comp[did[d]] != main else "collectives")
         for r, d in domain.items()
     }
     n_un = int((comp != main).sum())

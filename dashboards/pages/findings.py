@@ -1,4 +1,4 @@
-"""Findings: every finding of every analysis, ranked by time at stake, with evidence and fix.
+"""Findings: every finding of every analysis, ranked by what its fix saves, with evidence and fix.
 
 Why a page of its own: this is the "what do I change" answer; each finding links to the
 timeline window that shows it so the user can see the evidence. Deep link: `/findings?code=X`.
@@ -13,6 +13,7 @@ import dash
 from dash import dcc, html
 from ranklens.analysis import Finding
 from ranklens.dashboards import components as ui
+from ranklens.dashboards import whatif_panel
 from ranklens.dashboards.data import RunData, current
 from ranklens.dashboards.figures import MS
 from ranklens.dashboards.pages.timeline import all_steps, step_window
@@ -26,6 +27,7 @@ def register(app: dash.Dash) -> None:
     ui.register_page(
         __name__, path=PATH, name="Findings", title="ranklens · findings", layout=layout
     )
+    whatif_panel.register(app)
 
 
 def timeline_link(data: RunData, f: Finding) -> str:
@@ -77,10 +79,7 @@ def card(data: RunData, i: int, f: Finding) -> html.Div:
                         },
                     ),
                     html.B(f" {f.code}", className="finding-code"),
-                    html.Span(
-                        f" · {f.time_at_stake_ns / MS:.2f} ms per step at stake",
-                        className="finding-stake",
-                    ),
+                    whatif_panel.saving(f),
                 ]
             ),
             html.Div(f.message, className="finding-message", style={"margin": "4px 0"}),
@@ -116,8 +115,11 @@ def layout(code: Any = None, **_: Any) -> html.Div:
     return html.Div(
         [
             ui.title(
-                "Findings", "Ranked by the step time they put at stake; each says what to change."
+                "Findings",
+                "Ranked by the step time their fix saves (a replay of the run's dependency "
+                "graph where one exists, else the time at stake); each says what to change.",
             ),
+            whatif_panel.panel(),
             html.Div(f"not run: {', '.join(missing)}", style={"color": "#a60"})
             if missing
             else None,

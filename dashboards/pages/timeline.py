@@ -3,8 +3,9 @@
 Why windowed: a large run has millions of events; every pan or zoom asks analysis.timeline
 for the visible window only (events, or busy-time buckets when zoomed out), so the browser
 never receives more than a few thousand rectangles. Clicking a collective outlines the same
-instance on every rank. Deep link: `/timeline?rank=0,3&step=4&start=120.5&end=180&hl=CODE`
-(ms since the run's origin on the job clock; `hl`: the finding whose evidence is outlined);
+instance on every rank. Deep link: `/timeline?rank=0,3&step=4&start=120.5&end=180&hl=CODE&cp=1`
+(ms since the run's origin on the job clock; `hl`: the finding whose evidence is outlined;
+`cp=1`: the critical path of the steps in view drawn over the lanes of its ranks);
 the address bar follows every pan, zoom and pick, so reload and share show the same picture.
 """
 
@@ -18,6 +19,7 @@ import polars as pl
 from dash import Input, Output, State, ctx, dcc, html
 from ranklens.analysis import timeline as tl
 from ranklens.dashboards import components as ui
+from ranklens.dashboards import data_whatif as dw
 from ranklens.dashboards.data import RunData, current, evidence
 from ranklens.dashboards.figures import MS
 from ranklens.dashboards.figures_timeline import timeline as timeline_figure
@@ -72,14 +74,14 @@ def register(app: dash.Dash) -> None:
         Input("timeline-ranks", "value"),
         Input("timeline-step", "value"),
         Input("timeline-reset", "n_clicks"),
+        Input("timeline-cp", "value"),
         State("timeline-window", "data"),
         prevent_initial_call=True,
     )
-    def _update(
-        relayout: Any, click: Any, ranks: Any, step: Any, _reset: Any, win: dict[str, Any]
-    ) -> tuple[Any, ...]:
+    def _update(*args: Any) -> tuple[Any, ...]:
+        relayout, click, ranks, step, _reset, cp, win = args
         prop = ctx.triggered[0]["prop_id"] if ctx.triggered else ""
-        return update(current(), prop, relayout, click, ranks, step, win)
+        return update(current(), prop, relayout, click, ranks, step, win, cp)
 
 
 def step_of(data: RunData, ranks: list[int] | None, start: int, end: int) -> int | None:
@@ -151,8 +153,10 @@ def render(
     end_ns: int,
     highlight: pl.DataFrame | None = None,
     hl: str | None = None,
+    cp: bool = False,
 ) -> tuple[dict[str, Any], str, str]:
-    """Figure, label and permalink of one window; `hl` outlines that finding's evidence."""
+    """Figure, label and permalink of one window; `hl` outlines that finding's evidence,
+    `cp` draws the critical path of the steps in view."""
     ext = data.extent()
     cur = data.cursor()
     try:
@@ -169,7 +173,8 @@ def render(
         or [pl.DataFrame(schema={"rank": pl.Int64})],
         how="diagonal_relaxed",
     )
-    fig = timeline_figure(win, ext.t0_ns, outlined if outlined.height else None)
+    path = dw.path_segments(data, start_ns, end_ns, ranks) if cp else None
+    fig = timeline_figure(win, ext.t0_ns, outlined if outlined.height else None, path)
     s_ms, e_ms = (start_ns - ext.t0_ns) / MS, (end_ns - ext.t0_ns) / MS
     label = (
         f"window {s_ms:.3f} – {e_ms:.3f} ms ({e_ms - s_ms:.3f} ms), "
@@ -184,8 +189,11 @@ def render(
         label += f"; evidence of {hl}: " + (
             f"{shown.height} events outlined" if shown is not None else "none drawn as events"
         )
+    if path is not None:
+        steps = ", ".join(str(x) for x in path["step"].unique().sort().to_list()) or "none"
+        label += f"; critical path: {path.height} segments (steps {steps})"
     step = step_of(data, ranks, start_ns, end_ns)
-    return fig, label, ui.timeline_href(ranks, step, s_ms, e_ms, hl)
+    return fig, label, ui.timeline_href(ranks, step, s_ms, e_ms, hl, cp)
 
 
 def update(
@@ -196,12 +204,14 @@ def update(
     ranks_v: Any,
     step_v: Any,
     win: dict[str, Any],
+    cp_v: Any = None,
 ) -> tuple[Any, ...]:
-    """One callback for every way the window changes (pan/zoom, ranks, step, click, reset);
-    `trigger` is the Dash prop id that fired, e.g. "timeline-relayout.data" (pan/zoom)."""
+    """One callback for every way the window changes (pan/zoom, ranks, step, click, reset,
+    path toggle); `trigger`: the Dash prop id that fired, e.g. "timeline-relayout.data"."""
     ranks = ui.parse_ints(ranks_v)
     start, end = int(win["start_ns"]), int(win["end_ns"])
     hl = win.get("hl")
+    cp = bool(cp_v) if trigger == "timeline-cp.value" else bool(win.get("cp"))
     highlight = None
     info: Any = dash.no_update
     if trigger == "timeline-graph.clickData":
@@ -227,9 +237,9 @@ def update(
     elif trigger == "timeline-reset.n_clicks":
         ext = data.extent()
         start, end = ext.t0_ns, max(ext.t1_ns, ext.t0_ns + 1)
-    fig, label, href = render(data, ranks, start, end, highlight, hl)
+    fig, label, href = render(data, ranks, start, end, highlight, hl, cp)
     step = step_of(data, ranks, start, end)
-    store = {"start_ns": start, "end_ns": end, "hl": hl}
+    store = {"start_ns": start, "end_ns": end, "hl": hl, "cp": cp}
     return fig, store, label, href, info, step, ranks
 
 
@@ -295,10 +305,12 @@ def layout(
     start: Any = None,
     end: Any = None,
     hl: Any = None,
+    cp: Any = None,
     **_: Any,
 ) -> html.Div:
     """The timeline at the window the URL names (ranks, step, start/end in ms, the finding
-    whose evidence is outlined); ranks or a step the run does not have are said so."""
+    whose evidence is outlined, the critical path drawn); ranks or a step the run does not
+    have are said so."""
     data = current()
     every = all_ranks(data)
     asked = ui.parse_ints(rank) or []
@@ -321,7 +333,8 @@ def layout(
         step_i = steps[0]  # resolve() opens the first step: say so in the step picker
     code = str(hl) if hl and re.fullmatch(r"[A-Z][A-Z0-9_]{0,63}", str(hl)) else None
     s, e = resolve(data, ranks, step_i, ui.parse_float(start), ui.parse_float(end))
-    fig, label, href = render(data, ranks, s, e, None, code)
+    path_on = str(cp) == "1"
+    fig, label, href = render(data, ranks, s, e, None, code, path_on)
     step_i = step_of(data, ranks, s, e)
     return html.Div(
         [
@@ -351,6 +364,11 @@ def layout(
                         style={"width": "120px"},
                     ),
                     html.Button("Whole run", id="timeline-reset"),
+                    dcc.Checklist(
+                        id="timeline-cp",
+                        options=[{"label": " critical path", "value": "on"}],
+                        value=["on"] if path_on else [],
+                    ),
                     html.A("link to this view", id="timeline-permalink", href=href),
                 ],
                 style={"display": "flex", "gap": "10px", "alignItems": "center"},
@@ -361,7 +379,9 @@ def layout(
                 style={"color": "#a60", "fontWeight": "bold"} if notes else {"display": "none"},
             ),
             html.Div(label, id="timeline-label", style={"color": "#444", "margin": "6px 0"}),
-            dcc.Store(id="timeline-window", data={"start_ns": s, "end_ns": e, "hl": code}),
+            dcc.Store(
+                id="timeline-window", data={"start_ns": s, "end_ns": e, "hl": code, "cp": path_on}
+            ),
             dcc.Store(id="timeline-relayout"),
             dcc.Store(id="timeline-url"),
             dcc.Graph(

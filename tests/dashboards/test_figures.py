@@ -236,7 +236,12 @@ def test_timeline_callback_zoom_and_click(app: dash.Dash) -> None:
             win,
         )
         _fig, new, label, href = out[:4]
-        assert new == {"start_ns": t0 + 10_000_000, "end_ns": t0 + 12_500_000, "hl": None}
+        assert new == {
+            "start_ns": t0 + 10_000_000,
+            "end_ns": t0 + 12_500_000,
+            "hl": None,
+            "cp": False,  # the critical path is not drawn unless asked (cp=1)
+        }
         assert "window 10.000 – 12.500 ms" in label and "start=10.000&end=12.500" in href
         # A relayout that does not move the window (e.g. autosize) changes nothing.
         assert (
