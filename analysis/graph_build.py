@@ -84,6 +84,7 @@ class Graph:
     step_act_end: I64  # last measured activity end
     order: I64  # a topological order of the vertices
     inconsistent: int  # members that ended before their last member arrived (eager sends)
+    dropped_edges: int  # edges dropped to break cycles of contradicting timestamps
     ranks_gpu: dict[int, bool]
 
 
@@ -281,6 +282,13 @@ def _assemble(ev: dict, mem: dict, win: dict, p: BuildParams) -> Graph:  # type:
     end_t = n_end[comm_nodes].copy()
     np.maximum.at(end_t, np.searchsorted(comm_nodes, node_of_member), join_s[inst_idx] + 1)
     key = np.concatenate([4 * (n_start - t0) + 2, 4 * (end_t - t0) + 1, 4 * (join_s - t0) + 3])
+    order, keep = gu.topo_order(key, ptr, src)
+    dropped = int(np.count_nonzero(~keep))
+    if dropped:
+        dst = np.repeat(np.arange(len(v_kind)), np.diff(ptr))[keep]
+        src, elag, ekind, einst = src[keep], elag[keep], ekind[keep], einst[keep]
+        ptr = np.zeros(len(v_kind) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(dst, minlength=len(v_kind)), out=ptr[1:])
     steps, st_start, st_end, st_act = gu.step_table(
         rs_step, w_rs_start, w_rs_end, n_rs, rs[starts], n_end
     )
@@ -312,7 +320,8 @@ def _assemble(ev: dict, mem: dict, win: dict, p: BuildParams) -> Graph:  # type:
         step_w_start=st_start,
         step_w_end=st_end,
         step_act_end=st_act,
-        order=gu.topo_order(key, ptr, src),
+        order=order,
+        dropped_edges=dropped,
         inconsistent=inconsistent,
         ranks_gpu={int(r): bool(x) for r, x in zip(n_rank, gpu[n_first_eid], strict=True)},
     )

@@ -119,7 +119,7 @@ def sync_sources(rs: I64, u_lane: I64, u_s: I64, u_e: I64, prev_e: I64, tol: I64
     key_e = (rs << bits) | rel_e
     by_end = np.argsort(key_e, kind="stable")
     k_sorted = key_e[by_end]
-    k_end, k_lane = u_e[by_end], u_lane[by_end]
+    k_end, k_lane, k_start = u_e[by_end], u_lane[by_end], u_s[by_end]
     pos = np.searchsorted(k_sorted, (rs << bits) | rel_s, side="right") - 1
     lo_bound = np.searchsorted(k_sorted, rs << bits, side="left")
     todo = np.arange(n)
@@ -128,7 +128,9 @@ def sync_sources(rs: I64, u_lane: I64, u_s: I64, u_e: I64, prev_e: I64, tol: I64
         ok = p >= lo_bound[todo]
         todo, p = todo[ok], p[ok]
         e_w = k_end[p]
-        ok = (u_s[todo] - e_w <= tol[todo]) & (e_w > prev_e[todo])
+        # it ended in the gap and started before (two zero-length units at one instant
+        # cannot wait for each other)
+        ok = (u_s[todo] - e_w <= tol[todo]) & (e_w > prev_e[todo]) & (k_start[p] < u_s[todo])
         todo, p = todo[ok], p[ok]
         found = k_lane[p] != u_lane[todo]
         out[todo[found]] = by_end[p[found]]
@@ -201,21 +203,37 @@ class Edges:
         return ptr, src[o], lag[o], kind[o], inst[o]
 
 
-def topo_order(key: I64, ptr: I64, src: I64) -> I64:
-    """Vertices by their measured-time key; Kahn's algorithm (the key breaking ties) when a
-    clock disagreement puts an edge backwards."""
+def topo_order(key: I64, ptr: I64, src: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
+    """Vertices in a topological order, and which in-edges (CSR order) to keep. By their
+    measured-time key when every edge goes forward (a consistent trace); else Kahn's algorithm
+    with the key breaking ties, and if a cycle remains (timestamps that contradict each other,
+    e.g. zero-length events at one instant waiting on each other), the edges among the vertices
+    left that go backwards in key order are dropped: any cycle holds one."""
     n = len(key)
     order = np.lexsort((np.arange(n), key))
     pos = np.empty(n, dtype=np.int64)
     pos[order] = np.arange(n)
     dst = np.repeat(np.arange(n), np.diff(ptr))
+    keep = np.ones(len(src), dtype=bool)
     if np.all(pos[src] < pos[dst]):
-        return order
+        return order, keep
+    out = _kahn(n, src, dst, keep, pos)
+    if len(out) != n:
+        placed = np.zeros(n, dtype=bool)
+        placed[out] = True
+        keep &= placed[src] | placed[dst] | (pos[src] < pos[dst])
+        out = _kahn(n, src, dst, keep, pos)
+    return np.asarray(out, dtype=np.int64), keep
+
+
+def _kahn(n: int, src: I64, dst: I64, keep: npt.NDArray[np.bool_], pos: I64) -> list[int]:
+    """Kahn's algorithm over the kept edges; the vertices it could place, in order."""
+    s, d = src[keep], dst[keep]
     out_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=out_ptr[1:])
-    succ = dst[np.argsort(src, kind="stable")].tolist()
+    np.cumsum(np.bincount(s, minlength=n), out=out_ptr[1:])
+    succ = d[np.argsort(s, kind="stable")].tolist()
     optr = out_ptr.tolist()
-    indeg = np.diff(ptr).tolist()
+    indeg = np.bincount(d, minlength=n).tolist()
     rank_of = pos.tolist()
     heap = [(rank_of[v], v) for v in range(n) if indeg[v] == 0]
     heapq.heapify(heap)
@@ -228,9 +246,7 @@ def topo_order(key: I64, ptr: I64, src: I64) -> I64:
             indeg[w] -= 1
             if indeg[w] == 0:
                 heapq.heappush(heap, (rank_of[w], w))
-    if len(out) != n:
-        raise ValueError("the dependency graph has a cycle")
-    return np.asarray(out, dtype=np.int64)
+    return out
 
 
 def step_table(

@@ -70,5 +70,6 @@ def answer_of(m: cp.Model, parsed: list[wi.Scenario]) -> dict[str, Any]:
         "replay_error": rep / mea - 1 if mea else 0.0,
         "per_step_measured_ns": [int(x) for x in measured],
         "inconsistent_members": g.inconsistent,
+        "dropped_edges": g.dropped_edges,
         "scenarios": rows,
     }

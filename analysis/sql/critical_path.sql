@@ -9,7 +9,7 @@ CREATE OR REPLACE TEMP VIEW _critical_path_events AS
 SELECT e.rank, e.step, e.device, e.stream, (e.kind = 'comm')::INTEGER AS is_comm,
        CASE e.kind WHEN 'compute' THEN 0 WHEN 'comm' THEN 1 ELSE 2 END AS cls,
        e.ts_ns + coalesce(r.clock_offset_ns, 0) AS s,
-       e.ts_ns + coalesce(r.clock_offset_ns, 0) + e.dur_ns AS e,
+       e.ts_ns + coalesce(r.clock_offset_ns, 0) + greatest(e.dur_ns, 0) AS e,
        e.ts_ns AS raw_ts, e.name, r.has_gpu
 FROM events e JOIN ranks r USING (rank)
 WHERE e.step IS NOT NULL AND is_device_work(e.kind) AND on_device(r.has_gpu, e.device);

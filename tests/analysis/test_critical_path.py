@@ -180,3 +180,19 @@ def test_replay_of_public_dlrm_nccl(ingest: Ingest, shared_traces: Path) -> None
     measured, replayed = gr.measured_step_times(m.graph), gr.step_times(m.graph, m.base)
     assert np.all(np.abs(replayed / measured - 1) <= 0.02)
     assert sum(s.end_ns - s.start_ns for s in m.path) == int(replayed.sum())
+
+
+def test_contradicting_timestamps_never_make_a_cycle() -> None:
+    """Two vertices whose edges point at each other (timestamps that contradict): one edge is
+    dropped, and the order places every vertex after its kept predecessors."""
+    from ranklens.analysis import graph_units as gu
+
+    key = np.array([5, 5, 9], dtype=np.int64)
+    # in-edges by destination: 0 <- 1, 1 <- 0, 2 <- 1
+    ptr = np.array([0, 1, 2, 3], dtype=np.int64)
+    src = np.array([1, 0, 1], dtype=np.int64)
+    order, keep = gu.topo_order(key, ptr, src)
+    assert sorted(order.tolist()) == [0, 1, 2] and int((~keep).sum()) == 1
+    pos = {v: i for i, v in enumerate(order.tolist())}
+    dst = [0, 1, 2]
+    assert all(pos[s] < pos[d] for s, d, k in zip(src.tolist(), dst, keep, strict=True) if k)
