@@ -33,6 +33,7 @@ import duckdb
 import networkx as nx
 import numpy as np
 import numpy.typing as npt
+from ranklens.analysis import graph_host as gh
 from ranklens.analysis import graph_units as gu
 from ranklens.analysis._sql import apply_sql
 
@@ -42,8 +43,8 @@ NEG = -(1 << 62)  # "no constraint" for a base or a dropped edge
 # vertex kinds
 V_NODE, V_ARRIVE, V_JOIN, V_END = 0, 1, 2, 3
 # edge kinds (what a lag on the critical path is called)
-E_LANE, E_SYNC, E_MEMBER, E_TRANSFER, E_OWN = 0, 1, 2, 3, 4
-EDGE_KINDS = ("lane", "sync", "member", "transfer", "own")
+E_LANE, E_SYNC, E_MEMBER, E_TRANSFER, E_OWN, E_LAUNCH, E_BLOCK = 0, 1, 2, 3, 4, 5, 6
+EDGE_KINDS = ("lane", "sync", "member", "transfer", "own", "launch", "block")
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Graph:
     e_lag: I64
     e_kind: I64
     e_inst: I64  # instance index of a transfer edge, -1 otherwise
+    e_frac: npt.NDArray[np.float64]  # launch edge: the kernel's share of the way into its node
     # instances
     inst_id: I64
     inst_par: npt.NDArray[np.str_]
@@ -109,9 +111,11 @@ def build(
     try:
         apply_sql(con, "critical_path")  # numbers the events into temp table _critical_path_ev
         ev = con.execute(
-            "SELECT rank, step, device, stream, is_comm, cls, s, e, has_gpu FROM _critical_path_ev "
-            "ORDER BY eid"
+            "SELECT rank, step, device, stream, is_comm, cls, s, e, has_gpu, blocking "
+            "FROM _critical_path_ev ORDER BY eid"
         ).fetchnumpy()
+        lnk = con.execute("SELECT dev, host FROM _critical_path_launch").fetchnumpy()
+        blk = con.execute("SELECT host, dev FROM _critical_path_blocks").fetchnumpy()
         mem = con.execute(
             "SELECT eid, instance_id, arr, parallelism, p2p FROM _critical_path_members "
             "ORDER BY instance_id, eid"
@@ -119,11 +123,12 @@ def build(
         win = con.execute(
             "SELECT rank, step, w_start, w_end FROM _critical_path_windows"
         ).fetchnumpy()
-        g = _assemble(ev, mem, win, p)
+        g = _assemble(ev, mem, win, p, lnk, blk)
         if during is not None:
             during(con, g)
     finally:
-        con.execute("DROP VIEW IF EXISTS temp._critical_path_members")
+        for view in ("members", "launch", "blocks"):
+            con.execute(f"DROP VIEW IF EXISTS temp._critical_path_{view}")
         con.execute("DROP TABLE IF EXISTS temp._critical_path_ev")
     return g
 
@@ -132,12 +137,23 @@ def _col(d: dict[str, npt.NDArray[Any]], k: str) -> I64:
     return np.asarray(d[k], dtype=np.int64)
 
 
-def _assemble(ev: dict, mem: dict, win: dict, p: BuildParams) -> Graph:  # type: ignore[type-arg]
+def _assemble(
+    ev: dict[str, Any],
+    mem: dict[str, Any],
+    win: dict[str, Any],
+    p: BuildParams,
+    lnk: dict[str, Any] | None = None,
+    blk: dict[str, Any] | None = None,
+) -> Graph:
     rank, step, dev = _col(ev, "rank"), _col(ev, "step"), _col(ev, "device")
     stream, is_comm, cls = _col(ev, "stream"), _col(ev, "is_comm"), _col(ev, "cls")
     s, e = _col(ev, "s"), _col(ev, "e")
     gpu = np.asarray(ev["has_gpu"], dtype=bool)
     n_ev = len(s)
+    blocking = np.asarray(ev.get("blocking", np.zeros(n_ev)), dtype=bool)
+    launch_of = np.full(n_ev, -1, dtype=np.int64)
+    if lnk is not None:
+        launch_of[_col(lnk, "dev")] = _col(lnk, "host")
     m_eid, m_inst, m_arr = _col(mem, "eid"), _col(mem, "instance_id"), _col(mem, "arr")
     member = np.zeros(n_ev, dtype=bool)
     member[m_eid] = True
@@ -152,7 +168,7 @@ def _assemble(ev: dict, mem: dict, win: dict, p: BuildParams) -> Graph:  # type:
         )
     lane = np.cumsum(lane_new) - 1
 
-    un = gu.units(lane, lane_new, member, cls, s, e)
+    un = gu.units(lane, lane_new, member, cls, s, e, alone=cls == 3)
     u_lane, u_s, u_e, u_first = un["lane"], un["s"], un["e"], un["first"]
     u_member = member[u_first]
     rs, n_rs = gu.dense_key(rank[u_first], step[u_first])
@@ -165,13 +181,21 @@ def _assemble(ev: dict, mem: dict, win: dict, p: BuildParams) -> Graph:  # type:
     prev_e[first_on_lane] = NEG
     overlap = ~first_on_lane & (u_s < prev_e)
     prev_e[overlap] = NEG  # overlapping spans (gloo p2p waits) do not order each other
-    sync = gu.sync_sources(rs, u_lane, u_s, u_e, prev_e, tol)
+    u_host = cls[u_first] == 3
+    dv = np.flatnonzero(~u_host)  # device lanes wait on each other; host lanes only block
+    sub = gu.sync_sources(rs[dv], u_lane[dv], u_s[dv], u_e[dv], prev_e[dv], tol[dv])
+    sync = np.full(n_u, -1, dtype=np.int64)
+    sync[dv] = np.where(sub >= 0, dv[np.maximum(sub, 0)], -1)
     is_source = np.zeros(n_u, dtype=bool)
     is_source[sync[sync >= 0]] = True
+    mk = gh.marks(u_host, u_first, launch_of, s, prev_e, un["of_event"], blocking)
+    if blk is not None:  # what a blocking call waited for ends its node
+        is_source[un["of_event"][_col(blk, "dev")]] = True
 
     # a node: a run of units of one lane with nothing waited for inside it
     new_node = first_on_lane | u_member | (sync >= 0) | overlap
-    new_node[1:] |= u_member[:-1] | is_source[:-1]
+    new_node |= mk.launch_bound | mk.point | mk.blocking
+    new_node[1:] |= u_member[:-1] | is_source[:-1] | mk.blocking[:-1]
     node_of_unit = np.cumsum(new_node) - 1
     starts = np.flatnonzero(new_node)
     nn = len(starts)
@@ -183,6 +207,8 @@ def _assemble(ev: dict, mem: dict, win: dict, p: BuildParams) -> Graph:  # type:
         else np.zeros((0, 3))
     )
     n_first_eid, n_comm = u_first[starts], u_member[starts]
+    n_block = mk.blocking[starts]
+    n_start[n_block] = n_end[n_block]  # a blocking call is a point at its return
     n_rank, n_step = rank[n_first_eid], step[n_first_eid]
     ev_node = node_of_unit[un["of_event"]]
     rs_rank = np.zeros(n_rs, dtype=np.int64)
@@ -198,6 +224,8 @@ def _assemble(ev: dict, mem: dict, win: dict, p: BuildParams) -> Graph:  # type:
         _col(win, "w_end"),
         n_start,
     )
+    rs_first = np.full(n_rs, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(rs_first, rs[starts], n_start)  # a launch a little before its window
     w_rs_start, w_rs_end = gu.window_of(
         np.arange(n_rs),
         rs_rank,
@@ -206,27 +234,40 @@ def _assemble(ev: dict, mem: dict, win: dict, p: BuildParams) -> Graph:  # type:
         _col(win, "step"),
         _col(win, "w_start"),
         _col(win, "w_end"),
-        np.full(n_rs, np.iinfo(np.int64).max, dtype=np.int64),
+        rs_first,
     )
 
     # in-edges of each node: its lane's previous node, the node it waited for, the step start
     lane_src = np.where(first_on_lane[starts] | overlap[starts], -1, np.arange(nn) - 1)
     sync_u = sync[starts]
     sync_src = np.where(sync_u >= 0, node_of_unit[np.maximum(sync_u, 0)], -1)
+    if blk is not None and len(blk["host"]):  # a blocking call waits for the device
+        b_node, t_node = ev_node[_col(blk, "host")], ev_node[_col(blk, "dev")]
+        keep = n_block[b_node] & (n_end[t_node] <= n_start[b_node])
+        sync_src[b_node[keep]] = t_node[keep]
+    le = gh.launch_edges(launch_of, s, ev_node, u_lane[starts], n_first_eid, n_start, n_end)
     ready = np.stack(
         [
             np.where(lane_src >= 0, n_end[np.maximum(lane_src, 0)], NEG),
             np.where(sync_src >= 0, n_end[np.maximum(sync_src, 0)], NEG),
             w_start,
+            gh.latest_per_node(le, nn, NEG),
         ],
         axis=1,
     )
     bind = np.argmax(ready, axis=1)
     lag = np.maximum(n_start - ready[np.arange(nn), bind], 0)
     g = gu.Edges()
-    for k, src in ((E_LANE, lane_src), (E_SYNC, sync_src)):
-        ok = src >= 0
-        g.add(np.flatnonzero(ok), src[ok], np.where(bind[ok] == k, lag[ok], 0), k)
+    for col, kind, src, sel in (
+        (0, E_LANE, lane_src, lane_src >= 0),
+        (1, E_SYNC, sync_src, (sync_src >= 0) & ~n_block),
+        (1, E_BLOCK, sync_src, (sync_src >= 0) & n_block),
+    ):
+        i = np.flatnonzero(sel)
+        g.add(i, src[i], np.where(bind[i] == col, lag[i], 0), kind)
+    # the launch that set the start keeps the measured gap; the others their own constraint
+    top = (bind[le.dst] == 3) & (le.ready == ready[le.dst, 3]) & (le.lag0 >= 0)
+    g.add(le.dst, le.src, le.lag0 + np.where(top, lag[le.dst], 0), E_LAUNCH, frac=le.frac)
     base = np.where(bind == 2, w_start + lag, w_start)
 
     # communication: a node's vertex is its arrival; an end vertex per node, a join per instance
@@ -273,7 +314,7 @@ def _assemble(ev: dict, mem: dict, win: dict, p: BuildParams) -> Graph:  # type:
         [np.where(n_comm, V_ARRIVE, V_NODE), np.full(nc, V_END), np.full(ni, V_JOIN)]
     ).astype(np.int64)
     v_step = np.concatenate([n_step, n_step[comm_nodes], inst_step])
-    ptr, src, elag, ekind, einst = g.csr(len(v_kind))
+    ptr, src, elag, ekind, einst, efrac = g.csr(len(v_kind))
     # measured time orders the vertices: 4t+1 ends, 4t+2 nodes and arrivals, 4t+3 joins (at
     # the last member's start), so every edge of a consistent trace goes forward
     t0 = int(n_start.min()) if nn else 0
@@ -281,12 +322,19 @@ def _assemble(ev: dict, mem: dict, win: dict, p: BuildParams) -> Graph:  # type:
     np.maximum.at(join_s, inst_idx, n_start[node_of_member])
     end_t = n_end[comm_nodes].copy()
     np.maximum.at(end_t, np.searchsorted(comm_nodes, node_of_member), join_s[inst_idx] + 1)
-    key = np.concatenate([4 * (n_start - t0) + 2, 4 * (end_t - t0) + 1, 4 * (join_s - t0) + 3])
+    n_key = gh.order_key(le, n_start)
+    key = np.concatenate([4 * (n_key - t0) + 2, 4 * (end_t - t0) + 1, 4 * (join_s - t0) + 3])
     order, keep = gu.topo_order(key, ptr, src)
     dropped = int(np.count_nonzero(~keep))
     if dropped:
         dst = np.repeat(np.arange(len(v_kind)), np.diff(ptr))[keep]
-        src, elag, ekind, einst = src[keep], elag[keep], ekind[keep], einst[keep]
+        src, elag, ekind, einst, efrac = (
+            src[keep],
+            elag[keep],
+            ekind[keep],
+            einst[keep],
+            efrac[keep],
+        )
         ptr = np.zeros(len(v_kind) + 1, dtype=np.int64)
         np.cumsum(np.bincount(dst, minlength=len(v_kind)), out=ptr[1:])
     steps, st_start, st_end, st_act = gu.step_table(
@@ -313,6 +361,7 @@ def _assemble(ev: dict, mem: dict, win: dict, p: BuildParams) -> Graph:  # type:
         e_lag=elag,
         e_kind=ekind,
         e_inst=einst,
+        e_frac=efrac,
         inst_id=inst_u.astype(np.int64),
         inst_par=par.astype(str),
         inst_p2p=p2p,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 from ranklens.analysis.graph_build import (
-    E_LANE,
+    E_BLOCK,
     E_SYNC,
     NEG,
     V_ARRIVE,
@@ -160,7 +160,7 @@ def _walk(g: Graph, val: I64, arg: I64, ad: I64, v: int, step: int, segs: list[S
     if kind == V_ARRIVE:  # a gloo isend arrives at its issue op, before its span starts
         lag_end = min(start, end)
     if lag_end > lag_start:
-        cat = "host_launch" if ek == E_LANE else "idle" if ek == E_SYNC else "host_launch"
+        cat = "idle" if ek in (E_SYNC, E_BLOCK) else "host_launch"
         segs.append(Segment(step, rank, node, cat, lag_start, lag_end))
     return u
 

@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
 NEG = -(1 << 62)
 
 
@@ -29,11 +30,13 @@ def units(
     cls: I64,
     s: I64,
     e: I64,
+    alone: npt.NDArray[np.bool_] | None = None,
 ) -> dict[str, npt.NDArray[Any]]:
     """Union islands of each lane's non-member events (nested host ops are one island) and
-    every member event on its own, in lane order. busy: per unit (compute, comm, memory) ns,
-    the island's length split by the classes' summed durations."""
-    idx = np.flatnonzero(~member)
+    every member (or `alone`: a host runtime call) event on its own, in lane order. busy: per
+    unit (compute, comm, memory) ns, the island's length split by the classes' durations."""
+    single = member if alone is None else member | alone
+    idx = np.flatnonzero(~single)
     n = len(idx)
     of_event = np.zeros(len(s), dtype=np.int64)
     i_first = i_s = i_e = isl = np.zeros(0, dtype=np.int64)
@@ -59,7 +62,7 @@ def units(
         tot = sums.sum(axis=1)
         frac = np.divide(sums, tot[:, None], out=np.zeros_like(sums), where=tot[:, None] > 0)
         busy = frac * (i_e - i_s)[:, None]
-    m_idx = np.flatnonzero(member)
+    m_idx = np.flatnonzero(single)
     first = np.concatenate([i_first, m_idx])
     order = np.argsort(first, kind="stable")
     pos = np.empty(len(order), dtype=np.int64)
@@ -173,11 +176,20 @@ class Edges:
     """Edge lists gathered piecewise, then sorted by destination."""
 
     def __init__(self) -> None:
-        self.parts: list[tuple[I64, I64, I64, I64, I64]] = []
+        self.parts: list[tuple[I64, I64, I64, I64, I64, F64]] = []
 
-    def add(self, dst: I64, src: I64, lag: I64, kind: int, inst: I64 | None = None) -> None:
+    def add(
+        self,
+        dst: I64,
+        src: I64,
+        lag: I64,
+        kind: int,
+        inst: I64 | None = None,
+        frac: F64 | None = None,
+    ) -> None:
         n = len(dst)
         ins = np.full(n, -1, dtype=np.int64) if inst is None else np.asarray(inst, np.int64)
+        fr = np.zeros(n) if frac is None else np.asarray(frac, np.float64)
         self.parts.append(
             (
                 np.asarray(dst, np.int64),
@@ -185,22 +197,24 @@ class Edges:
                 np.asarray(lag, np.int64),
                 np.full(n, kind, dtype=np.int64),
                 ins,
+                fr,
             )
         )
 
     def redirect(self, vertex_of_node: I64) -> None:
         """Edges added so far leave from vertex_of_node[src] (a comm node's end)."""
-        self.parts = [(d, vertex_of_node[s], lg, k, i) for d, s, lg, k, i in self.parts]
+        self.parts = [(d, vertex_of_node[s], lg, k, i, f) for d, s, lg, k, i, f in self.parts]
 
-    def csr(self, n_vertices: int) -> tuple[I64, I64, I64, I64, I64]:
+    def csr(self, n_vertices: int) -> tuple[I64, I64, I64, I64, I64, F64]:
         if not self.parts:
             z = np.zeros(0, dtype=np.int64)
-            return np.zeros(n_vertices + 1, dtype=np.int64), z, z, z, z
-        dst, src, lag, kind, inst = (np.concatenate(c) for c in zip(*self.parts, strict=True))
+            return np.zeros(n_vertices + 1, dtype=np.int64), z, z, z, z, np.zeros(0)
+        cols = [np.concatenate(c) for c in zip(*self.parts, strict=True)]
+        dst, src, lag, kind, inst, frac = cols
         o = np.argsort(dst, kind="stable")
         ptr = np.zeros(n_vertices + 1, dtype=np.int64)
         np.cumsum(np.bincount(dst, minlength=n_vertices), out=ptr[1:])
-        return ptr, src[o], lag[o], kind[o], inst[o]
+        return ptr, src[o], lag[o], kind[o], inst[o], frac[o]
 
 
 def topo_order(key: I64, ptr: I64, src: I64) -> tuple[I64, npt.NDArray[np.bool_]]:

@@ -27,7 +27,7 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 from ranklens.analysis import graph_replay as gr
-from ranklens.analysis.graph_build import E_OWN, E_TRANSFER, NEG, V_NODE, Graph
+from ranklens.analysis.graph_build import E_LAUNCH, E_OWN, E_TRANSFER, NEG, V_NODE, Graph
 from ranklens.ingest.errors import RanklensError
 
 I64 = npt.NDArray[np.int64]
@@ -173,7 +173,19 @@ def durations(g: Graph, sc: Scenario, ctx: Context) -> tuple[I64, I64, str]:
         hit[dst[tr]] = True
         sel = own & hit[dst]
         lag[sel] = np.rint(lag[sel] * scale).astype(np.int64)
+    _launch_offsets(g, add, lag)
     return add, np.maximum(lag, NEG), ""
+
+
+def _launch_offsets(g: Graph, add: I64, lag: I64) -> None:
+    """A queued kernel sits earlier in a node whose work got shorter, so its launch constrains
+    the node's start more (in proportion to how far into the node it was)."""
+    la = np.flatnonzero(g.e_kind == E_LAUNCH)
+    if len(la) == 0:
+        return
+    dst = np.repeat(np.arange(len(g.v_kind)), np.diff(g.ptr))[la]
+    shrink = (g.v_add - add)[dst]
+    lag[la] += np.rint(shrink * g.e_frac[la]).astype(np.int64)
 
 
 def _compute_factor(g: Graph, sc: Scenario, ctx: Context) -> F64 | None:
@@ -236,7 +248,8 @@ def node_pattern_ns(con: duckdb.DuckDBPyConnection, g: Graph, pattern: str) -> F
     (needs the numbered events, temp table _critical_path_ev; the pattern is a bound parameter)."""
     try:
         rows = con.execute(
-            "SELECT eid, e - s FROM _critical_path_ev WHERE cls <> 1 AND regexp_matches(name, ?)",
+            "SELECT eid, e - s FROM _critical_path_ev "
+            "WHERE cls IN (0, 2) AND regexp_matches(name, ?)",
             [pattern],
         ).fetchnumpy()
     except duckdb.Error as exc:  # RE2 refuses what Python's re accepts (look-arounds)

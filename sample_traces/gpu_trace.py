@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from ranklens.sample_traces.gpu_job import GpuJob
 
 SMS = 132
+HOST_US = 4.0  # host time per op: launches run ahead of the device, as torch's do
+LAUNCH_US = 3.0  # a kernel starts no sooner than this after its launch
 # (kernel name, grid, host op, input dims) per kernel class k % 3 of a block.
 _KERNELS = (
     (
@@ -89,9 +91,17 @@ def rank_doc(
     for step, s, e in windows:
         ev.append(_x("user_annotation", f"ProfilerStep#{step}", pid, pid, s + shift, e - s))
     win = {step: s + shift for step, s, _ in windows}
+    host_at: dict[int, float] = {}  # step -> when the host thread is free again
+    dev_end: dict[int, float] = {}
     for corr, tm in enumerate(timed, start=1):
         start = tm.start + shift
-        host = max(start - 3.0, win[tm.meta["step"]] + 0.001 * (corr % 500))
+        step = int(tm.meta["step"])
+        free = host_at.get(step, win[step] + 0.001 * (corr % 500))
+        # the host runs ahead of the device (HOST_US per op); it never launches a kernel
+        # later than LAUNCH_US before the kernel started (the simulation's device times)
+        host = max(free, min(free + HOST_US, start - LAUNCH_US))
+        host_at[step] = host + 1.2
+        dev_end[step] = max(dev_end.get(step, 0.0), tm.end + shift)
         meta = tm.meta
         if tm.kind == "compute":
             k = int(meta.get("k", 0)) % 3
@@ -150,6 +160,10 @@ def rank_doc(
         ev.append(_x("cuda_runtime", "cudaLaunchKernel", pid, pid, host + 0.5, 0.5, rt))
         kargs = {**kargs, "device": dev, "stream": stream, "correlation": corr, "External id": corr}
         ev.append(_x("kernel", name, dev, stream, start, tm.end - tm.start, kargs))
+    for step, free in host_at.items():  # the step ends with the host waiting for the device
+        ev.append(
+            _x("cuda_runtime", "cudaDeviceSynchronize", pid, pid, free, dev_end[step] + 1 - free)
+        )
     return {
         "schemaVersion": 1,
         "deviceProperties": [

@@ -95,8 +95,14 @@ def check_truth(folder: Path) -> None:
         assert [s["step"] for s in profiled] == truth["profiled_steps"]
         slow = r["summary"]["injected_slow_ms"]
         if r["rank"] == cfg["slow_rank"]:
-            want = cfg["slow_ms"] * cfg["microbatches"]
-            assert want <= slow < want * 1.5 + 5
+            # once per micro-batch, for at least the time asked, inside that forward; how
+            # far past the deadline the last matmul ran depends on the machine's load, so
+            # there is no upper bound in wall time (a double injection would fail the count)
+            for s in r["steps"]:
+                assert len(s["slow_ns"]) == cfg["microbatches"]
+                assert all(x >= cfg["slow_ms"] * 1e6 for x in s["slow_ns"])
+                assert all(x <= f for x, f in zip(s["slow_ns"], s["forward_ns"], strict=True))
+            assert slow >= cfg["slow_ms"] * cfg["microbatches"]
         else:
             assert slow == 0.0
 
