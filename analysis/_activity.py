@@ -7,12 +7,12 @@ the report, which runs them back to back) compute them once instead of once per 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from types import ModuleType
+
 import duckdb
 import polars as pl
 from ranklens.analysis._sql import HeldViews, apply_sql, query_pl
-
-# The analyses that read them.
-USERS: tuple[str, ...] = ("breakdown", "overlap", "stragglers")
 
 # In dependency order: each is computed from the ones before it once those are held.
 HELD_VIEWS: tuple[str, ...] = (
@@ -21,6 +21,12 @@ HELD_VIEWS: tuple[str, ...] = (
     "_activity_cov",
     "_activity_comm",
 )
+
+
+def users(mods: Iterable[ModuleType]) -> tuple[str, ...]:
+    """The analyses of `mods` that read the activity views: those declaring USES_ACTIVITY = True
+    (derived, so that registering an analysis stays one line in REGISTRY)."""
+    return tuple(m.NAME for m in mods if getattr(m, "USES_ACTIVITY", False))
 
 
 def held(con: duckdb.DuckDBPyConnection, views: tuple[str, ...] = HELD_VIEWS) -> HeldViews:

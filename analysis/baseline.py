@@ -36,7 +36,7 @@ import polars as pl
 from ranklens.analysis import _activity
 from ranklens.analysis._sql import query_pl
 from ranklens.analysis.check import Verdict
-from ranklens.analysis.check_config import THRESHOLDS
+from ranklens.analysis.thresholds import THRESHOLDS
 from ranklens.analysis.views import apply_all_views
 
 _PER_STEP: dict[str, str] = {
@@ -194,7 +194,7 @@ def _ranges(ranks: list[int]) -> str:
 def verdict(changes: list[Change], limit: float, source: str) -> Verdict:
     """The max_regression check as a Verdict, naming the largest regression."""
     regs = [c for c in changes if c.regression]
-    label = THRESHOLDS["max_regression"][1]
+    label = THRESHOLDS["max_regression"].label
     if not changes:
         return Verdict(
             "max_regression",

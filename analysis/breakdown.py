@@ -20,6 +20,8 @@ from ranklens.analysis import _activity
 from ranklens.analysis._base import Finding, Result, Severity
 
 NAME = "breakdown"
+VIEW_FILES: tuple[str, ...] = ("breakdown",)  # its views, stored in the run (views.py)
+USES_ACTIVITY = True  # reads the activity views (held once by report, ingest)
 
 COLUMNS: dict[str, str] = {
     "rank": "Global rank.",

@@ -17,7 +17,8 @@ import duckdb
 import polars as pl
 from ranklens.analysis import _activity
 from ranklens.analysis._sql import query_pl
-from ranklens.analysis.check_config import THRESHOLDS, CheckConfig
+from ranklens.analysis.check_config import CheckConfig
+from ranklens.analysis.thresholds import THRESHOLDS
 from ranklens.analysis.views import apply_all_views
 
 EXIT_OK, EXIT_ERROR, EXIT_FAILED = 0, 1, 3
@@ -50,32 +51,10 @@ class Verdict:
         }
 
 
-# Metric queries: (subject, value[, parallelism]) over the run's analysis views.
-_PER_RANK = """SELECT 'rank ' || rank AS subject, {expr} AS value FROM {view}
-               WHERE {expr} IS NOT NULL"""
-_QUERIES: dict[str, str] = {
-    "min_overlap": _PER_RANK.format(expr="overlap_ratio", view="overlap_by_rank"),
-    "max_comm_share": _PER_RANK.format(expr="comm_share", view="breakdown_by_rank"),
-    "max_idle": _PER_RANK.format(expr="idle_share", view="breakdown_by_rank"),
-    "max_exposed_comm": """
-        SELECT 'rank ' || p.rank AS subject, p.parallelism,
-               sum(p.exposed_ns) / sum(w.window_ns) AS value
-        FROM overlap_by_parallelism p
-        JOIN (SELECT rank, step, window_ns FROM overlap_by_step) w USING (rank, step)
-        GROUP BY p.rank, p.parallelism""",
-    # Per stage: the report's bubble fraction (pipeline_steps.sql pipeline_stage_bubble).
-    "max_bubble": """SELECT 'stage ' || stage || ' (rank ' || rank || ')' AS subject,
-        bubble_fraction AS value FROM pipeline_stage_bubble WHERE bubble_fraction IS NOT NULL""",
-    "max_straggler_wait": """SELECT 'rank ' || rank AS subject, net_held_back_share AS value
-        FROM stragglers_by_rank WHERE net_held_back_share IS NOT NULL""",
-    "max_align_residual_us": """SELECT 'rank ' || rank AS subject,
-        align_residual_ns / 1000.0 AS value FROM ranks WHERE align_residual_ns IS NOT NULL""",
-}
-
-
 def metric_rows(con: duckdb.DuckDBPyConnection, name: str) -> pl.DataFrame | None:
     """(subject, value[, parallelism]) rows of a metric, or None when the run has no data."""
-    q = _QUERIES.get(name)
+    declared = THRESHOLDS.get(name)
+    q = declared.query if declared is not None else None
     if q is None:
         return None
     try:
@@ -86,7 +65,7 @@ def metric_rows(con: duckdb.DuckDBPyConnection, name: str) -> pl.DataFrame | Non
 
 
 def _judge(name: str, label: str, rows: pl.DataFrame, limit: float, source: str) -> Verdict:
-    is_min = THRESHOLDS[name][0] == "min"
+    is_min = THRESHOLDS[name].kind == "min"
     ordered = rows.sort("value", descending=not is_min, maintain_order=True)
     worst = ordered.row(0, named=True)
     bad = rows.filter(pl.col("value") < limit) if is_min else rows.filter(pl.col("value") > limit)
@@ -119,21 +98,12 @@ def _show(name: str, v: float) -> str:
     return f"{v:.1f} µs" if name.endswith("_us") else f"{100 * v:.1f}%"
 
 
-# Metrics read from the activity views (unions of every event): held once for all of them.
-_ACTIVITY_METRICS = {
-    "min_overlap",
-    "max_exposed_comm",
-    "max_comm_share",
-    "max_idle",
-    "max_straggler_wait",
-}
-
-
 def evaluate(con: duckdb.DuckDBPyConnection, config: CheckConfig) -> list[Verdict]:
     """One verdict per configured threshold (per parallelism for max_exposed_comm)."""
     apply_all_views(con)
     with ExitStack() as stack:
-        if _ACTIVITY_METRICS & set(config.values):
+        # metrics read from the activity views (unions of every event): held once for all
+        if any(t.activity for name, t in THRESHOLDS.items() if name in config.values):
             with suppress(duckdb.CatalogException):  # no such tables: the metrics say skipped
                 stack.enter_context(_activity.held(con))
         return _evaluate(con, config)
@@ -142,10 +112,10 @@ def evaluate(con: duckdb.DuckDBPyConnection, config: CheckConfig) -> list[Verdic
 def _evaluate(con: duckdb.DuckDBPyConnection, config: CheckConfig) -> list[Verdict]:
     out: list[Verdict] = []
     for name, limit in config.values.items():
-        if name == "max_regression":
-            continue  # judged by baseline.compare
+        if THRESHOLDS[name].query is None:
+            continue  # judged against --baseline by baseline.compare
         source = config.sources.get(name, "default")
-        label = THRESHOLDS[name][1]
+        label = THRESHOLDS[name].label
         rows = metric_rows(con, name)
         if isinstance(limit, dict):
             for par, lim in sorted(limit.items()):

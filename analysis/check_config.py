@@ -12,20 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ranklens.analysis.thresholds import THRESHOLDS
 from ranklens.ingest.errors import RanklensError
 from ranklens.ingest.tomlfile import load_toml
-
-# name -> (kind, doc). kind "max"/"min": a single number; "max_by": per parallelism or "all".
-THRESHOLDS: dict[str, tuple[str, str]] = {
-    "max_bubble": ("max", "pipeline bubble fraction of the step, per stage"),
-    "max_exposed_comm": ("max_by", "exposed communication share of the step, per parallelism"),
-    "min_overlap": ("min", "overlap ratio |M ∩ C| / |M|, per rank"),
-    "max_comm_share": ("max", "communication share |M| / |W|, per rank"),
-    "max_idle": ("max", "idle share of the step, per rank"),
-    "max_straggler_wait": ("max", "share of the step others spend waiting for a rank"),
-    "max_align_residual_us": ("max", "clock alignment residual per rank, µs"),
-    "max_regression": ("max", "regression vs --baseline, as a fraction (0.05 = 5%)"),
-}
 
 
 class ConfigError(RanklensError):
@@ -45,7 +34,7 @@ def parse_value(name: str, raw: Any) -> Any:
     if name not in THRESHOLDS:
         known = ", ".join(THRESHOLDS)
         raise ConfigError(f"unknown threshold {name!r}", f"known thresholds: {known}")
-    kind = THRESHOLDS[name][0]
+    kind = THRESHOLDS[name].kind
     if kind == "max_by":
         if isinstance(raw, dict):
             return {str(k).upper(): _number(name, v) for k, v in raw.items()}

@@ -27,6 +27,8 @@ from ranklens.analysis._base import Finding, Result, Severity
 from ranklens.analysis._sql import apply_sql, query_pl
 
 NAME = "collectives"
+VIEW_FILES: tuple[str, ...] = ("collectives",)  # its views, stored in the run (views.py)
+USES_ACTIVITY = False  # reads the activity views (held once by report, ingest)
 
 COLUMNS: dict[str, str] = {
     "pg_name": "Process group.",

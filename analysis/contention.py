@@ -28,6 +28,8 @@ from ranklens.analysis._base import Finding, Result, Severity
 from ranklens.analysis._sql import HeldViews, query_pl
 
 NAME = "contention"
+VIEW_FILES: tuple[str, ...] = ("contention",)  # its views, stored in the run (views.py)
+USES_ACTIVITY = False  # reads the activity views (held once by report, ingest)
 
 COLUMNS: dict[str, str] = {
     "name": "Compute kernel (or host op) name.",

@@ -21,6 +21,8 @@ from ranklens.analysis._base import Result
 from ranklens.analysis._sql import apply_sql
 
 NAME = "critical_path"
+VIEW_FILES: tuple[str, ...] = ()  # its SQL builds a temp table per run (graph_build), no views
+USES_ACTIVITY = False
 
 COLUMNS: dict[str, str] = {
     "step": "Training step.",

@@ -35,7 +35,9 @@ from ranklens.analysis.pipeline_findings import findings
 from ranklens.analysis.pipeline_model import Block, decompose
 
 NAME = "pipeline"
-SQL_FILES = ("pipeline", "pipeline_p2p", "pipeline_steps")
+# its views, stored in the run (views.py)
+VIEW_FILES: tuple[str, ...] = ("pipeline", "pipeline_p2p", "pipeline_steps")
+USES_ACTIVITY = False  # reads the activity views (held once by report, ingest)
 
 COLUMNS: dict[str, str] = {
     "rank": "Global rank (one pipeline stage).",
@@ -109,7 +111,7 @@ def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     """Bubbles per stage and step, the Gantt, the schedule and the excess decomposition."""
     if params.schedule is not None and params.schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}")
-    apply_sql(con, *SQL_FILES)
+    apply_sql(con, *VIEW_FILES)
     by_step = query_pl(con, "SELECT * FROM pipeline_by_step ORDER BY pp_group, step, stage")
     blocks = query_pl(con, "SELECT * FROM pipeline_blocks ORDER BY rank, step, start_ns")
     inferred = query_pl(con, "SELECT * FROM pipeline_schedule ORDER BY pp_group, step")

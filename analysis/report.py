@@ -64,12 +64,12 @@ def _names_file(path: str, error: str) -> str:
 
 def build_report(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] | None = None) -> Report:
     """Run the registered analyses (all, or `names`) and rank their findings."""
-    from ranklens.analysis import BY_NAME, REGISTRY
+    from ranklens.analysis import REGISTRY, by_name
 
-    mods = REGISTRY if names is None else tuple(BY_NAME[n] for n in names)
+    mods = REGISTRY if names is None else tuple(by_name()[n] for n in names)
     results: dict[str, Result] = {}
     with ExitStack() as stack:
-        if any(m.NAME in _activity.USERS for m in mods):  # computed once for all of them
+        if _activity.users(mods):  # computed once for all of them
             stack.enter_context(_activity.held(con))
         for mod in mods:
             if mod.NAME != critical_path.NAME:  # it replays the others' findings: below

@@ -1,11 +1,12 @@
 """Analysis results kept in the run's database, so a face reuses them instead of recomputing.
 
 Why: the dashboard and `report` recompute every analysis at each start (30 s on 10 M events),
-though a run's tables never change after ingest. Results are stored where the run is (one file
-to copy), each with what made it: tool and schema version, the analysis' options and the run's
-ingest stamp. A stored result is used only when all of those still match (else it is stale and
-the caller computes it), and only if it reads back identical to what was computed: a table or a
-finding that would not round-trip is simply not stored.
+though a run's tables never change after ingest (but by `realign`, which stamps the run).
+Results are stored where the run is (one file to copy), each with what made it: tool and
+schema version, the analysis' options and the run's ingest (and realign) stamp. A stored
+result is used only when all of those still match (else it is stale and the caller computes
+it), and only if it reads back identical to what was computed: a table or a finding that would
+not round-trip is simply not stored.
 
 Writing needs a writable connection (ingest's `finalize` hook, or `refresh` on a file nobody
 holds open); reading works on the read-only connections every face uses.
@@ -45,9 +46,11 @@ def options_of(mod: ModuleType) -> str:
 
 
 def _stamp(con: duckdb.DuckDBPyConnection) -> str:
-    """What identifies this ingest of the run (tables never change after it)."""
+    """What identifies this state of the run: its ingest, and its last `realign` (the only
+    change made to a run's tables after ingest: ingest/realign.py)."""
     rows = con.execute(
-        "SELECT key, value FROM meta WHERE key IN ('ingested_at', 'n_files') ORDER BY key"
+        "SELECT key, value FROM meta WHERE key IN ('ingested_at', 'n_files', 'realigned_at') "
+        "ORDER BY key"
     ).fetchall()
     return ";".join(f"{k}={v}" for k, v in rows)
 
@@ -125,7 +128,7 @@ def store_all(con: duckdb.DuckDBPyConnection, mods: tuple[ModuleType, ...]) -> l
 
     done = []
     with ExitStack() as stack:
-        if any(m.NAME in _activity.USERS for m in mods):  # the shared islands, computed once
+        if _activity.users(mods):  # the shared islands, computed once
             stack.enter_context(_activity.held(con))
         for mod in mods:
             if mod.NAME not in SKIP and store(con, mod.run(con), mod):

@@ -36,6 +36,8 @@ from ranklens.analysis._base import Finding, Result, Severity
 from ranklens.analysis._sql import HeldViews, query_pl
 
 NAME = "stragglers"
+VIEW_FILES: tuple[str, ...] = ("stragglers",)  # its views, stored in the run (views.py)
+USES_ACTIVITY = True  # reads the activity views (held once by report, ingest)
 
 COLUMNS: dict[str, str] = {
     "rank": "Global rank.",

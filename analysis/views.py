@@ -8,34 +8,34 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
+from types import ModuleType
 
 import duckdb
-from ranklens.analysis._sql import apply_sql, sql_text
+from ranklens.analysis import _sql
 
-VIEW_FILES: tuple[str, ...] = (
-    "intervals",
-    "activity",
-    "breakdown",
-    "overlap",
-    "stragglers",
-    "collectives",
-    "pipeline",
-    "pipeline_p2p",
-    "pipeline_steps",
-    "contention",
-)
+from ranklens import analysis
+
+
+def view_files(mods: Iterable[ModuleType] | None = None) -> tuple[str, ...]:
+    """The SQL files of the registered analyses' views (each module's VIEW_FILES; none when it
+    declares none) and the files they require, each once, after what it requires.
+
+    Why derived: registering an analysis is its one line in REGISTRY, not a second list here."""
+    mods = analysis.REGISTRY if mods is None else mods
+    return tuple(_sql.with_requirements([f for m in mods for f in getattr(m, "VIEW_FILES", ())]))
 
 
 def apply_all_views(con: duckdb.DuckDBPyConnection) -> None:
     """Create every analysis view and macro as temp objects on `con`."""
-    apply_sql(con, *VIEW_FILES)
+    _sql.apply_sql(con, *view_files())
 
 
 def store_views(con: duckdb.DuckDBPyConnection) -> None:
     """Store the analysis views and macros in the database `con` writes (an ingest passes
     this as its `finalize`, so the views are in the file before its one atomic rename)."""
-    for name in VIEW_FILES:
-        con.execute(re.sub(r"\bTEMP\s+", "", sql_text(name)))
+    for name in view_files():
+        con.execute(re.sub(r"\bTEMP\s+", "", _sql.sql_text(name)))
 
 
 def install_views(db_path: str | os.PathLike[str]) -> None:

@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 
 def child(name: str, db: str) -> None:
     """Time one analysis (or 'report': all of them on one connection) in this process."""
-    from ranklens.analysis import BY_NAME
+    from ranklens.analysis import by_name
     from ranklens.analysis.report import build_report
     from ranklens.analysis.sql_console import safe_connect
 
@@ -42,7 +42,7 @@ def child(name: str, db: str) -> None:
     if name == "report":
         rows = sum(r.table.height for r in build_report(con).results.values())
     else:
-        rows = BY_NAME[name].run(con).table.height
+        rows = by_name()[name].run(con).table.height
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     con.close()

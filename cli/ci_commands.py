@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from ranklens.analysis import baseline as baseline_mod
 from ranklens.analysis import check as check_mod
 from ranklens.analysis import check_config
+from ranklens.analysis.thresholds import THRESHOLDS
 from ranklens.cli import capture_run, check_render
 from ranklens.cli.app import (
     AllowMixedOpt,
@@ -24,33 +28,51 @@ from ranklens.cli.app import (
 )
 from ranklens.ingest.run import open_run
 
-_THRESHOLD_HELP = "Fraction (0.25) or percentage (25%)."
+
+def threshold_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give `command` a `--NAME` option per declared threshold (analysis/thresholds.py), passed
+    in its `**thresholds`: after its arguments, or after `--baseline` for those judged against it.
+
+    Why generated: a threshold is declared once; typer reads the options from the signature."""
+    sig = inspect.signature(command, eval_str=True)
+    params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+
+    def options(against_baseline: bool) -> list[inspect.Parameter]:
+        return [
+            inspect.Parameter(
+                t.name,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=None,
+                annotation=Annotated[str | None, typer.Option(help=t.help)],
+            )
+            for t in THRESHOLDS.values()
+            if (t.query is None) == against_baseline
+        ]
+
+    args = next(i for i, p in enumerate(params) if p.default is not p.empty)
+    at_baseline = [p.name for p in params].index("baseline") + 1
+    params = [
+        *params[:args],
+        *options(False),
+        *params[args:at_baseline],
+        *options(True),
+        *params[at_baseline:],
+    ]
+
+    @functools.wraps(command)
+    def with_options(**kwargs: Any) -> None:
+        command(**kwargs)
+
+    with_options.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    return with_options
 
 
 @app.command()
+@threshold_options
 def check(
     source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
-    max_bubble: Annotated[
-        str | None, typer.Option(help="Pipeline bubble, per stage. " + _THRESHOLD_HELP)
-    ] = None,
-    max_exposed_comm: Annotated[
-        str | None,
-        typer.Option(help="Exposed comm share per parallelism: 0.1, or dp=0.05,tp=0.10."),
-    ] = None,
-    min_overlap: Annotated[str | None, typer.Option(help="Overlap ratio per rank.")] = None,
-    max_comm_share: Annotated[str | None, typer.Option(help="Comm share per rank.")] = None,
-    max_idle: Annotated[str | None, typer.Option(help="Idle share per rank.")] = None,
-    max_straggler_wait: Annotated[
-        str | None, typer.Option(help="Share of the step others wait for one rank.")
-    ] = None,
-    max_align_residual_us: Annotated[
-        str | None, typer.Option(help="Clock alignment residual per rank, µs.")
-    ] = None,
     baseline: Annotated[
         str | None, typer.Option(help="Baseline run (database or trace directory) to compare with.")
-    ] = None,
-    max_regression: Annotated[
-        str | None, typer.Option(help="Regression allowed vs --baseline (5%).")
     ] = None,
     config: Annotated[
         Path | None,
@@ -83,22 +105,14 @@ def check(
     no_align: NoAlignOpt = False,
     offsets: OffsetsOpt = None,
     layout: LayoutOpt = None,
+    **thresholds: str | None,
 ) -> None:
     """Fail a CI job (exit 3) when bubbles, exposed communication or regressions pass a
     threshold, or a requested check has no data. Thresholds: flag > --config /
     [tool.ranklens.check] > none."""
     if fmt not in check_render.CHECK_FORMATS:
         raise typer.BadParameter(f"unknown format {fmt!r}; use {check_render.CHECK_FORMATS}")
-    flags = {
-        "max_bubble": max_bubble,
-        "max_exposed_comm": max_exposed_comm,
-        "min_overlap": min_overlap,
-        "max_comm_share": max_comm_share,
-        "max_idle": max_idle,
-        "max_straggler_wait": max_straggler_wait,
-        "max_align_residual_us": max_align_residual_us,
-        "max_regression": max_regression,
-    }
+    flags = dict(thresholds)
     opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
     cfg = check_config.resolve(flags, config)
     if baseline is not None and "max_regression" not in cfg.values:

@@ -1,8 +1,8 @@
 """The `ranklens` command. It narrates and renders; every number comes from ranklens.analysis.
 
 Commands live in this module (runs: ingest, report, analyze, sql, demo, dashboard) and in
-ci_commands.py (check, capture), whatif_cmd.py (whatif) and export_cmd.py (export); app.py holds
-what they share.
+ci_commands.py (check, capture), whatif_cmd.py (whatif), export_cmd.py (export) and
+realign_cmd.py (realign); app.py holds what they share.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from ranklens.analysis import BY_NAME
+from ranklens.analysis import by_name
 from ranklens.analysis.report import build_report
 from ranklens.analysis.results_store import finalize_run
 from ranklens.analysis.sql_console import run_sql
@@ -107,7 +107,7 @@ def report(
 
 @app.command()
 def analyze(
-    name: Annotated[str, typer.Argument(help="Analysis: " + ", ".join(BY_NAME))],
+    name: Annotated[str, typer.Argument(help="Analysis: " + ", ".join(by_name()))],
     source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
     fmt: FormatOpt = "table",
     table: Annotated[str | None, typer.Option(help="Secondary table (e.g. by_group).")] = None,
@@ -119,11 +119,12 @@ def analyze(
     layout: LayoutOpt = None,
 ) -> None:
     """Run one analysis and print its table (or a secondary table) and findings."""
-    if name not in BY_NAME:
-        raise typer.BadParameter(f"unknown analysis {name!r}; choose from {', '.join(BY_NAME)}")
+    analyses = by_name()
+    if name not in analyses:
+        raise typer.BadParameter(f"unknown analysis {name!r}; choose from {', '.join(analyses)}")
     opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
     with open_run(source, opts) as run:
-        res = BY_NAME[name].run(run.con)
+        res = analyses[name].run(run.con)
     df = res.table if table is None else res.tables.get(table)
     if df is None:
         raise typer.BadParameter(f"no table {table!r}; have: {', '.join(res.tables)}")
@@ -217,7 +218,7 @@ def dashboard(
 
 
 # Registered last so `ranklens --help` lists the run commands first.
-from ranklens.cli import ci_commands, export_cmd, whatif_cmd  # noqa: E402, F401
+from ranklens.cli import ci_commands, export_cmd, realign_cmd, whatif_cmd  # noqa: E402, F401
 
 
 def main() -> None:

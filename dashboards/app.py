@@ -24,6 +24,8 @@ from ranklens.dashboards.pages import (
     timeline,
 )
 
+# The pages in the order of the page bar. Each module declares PATH, NAME (its link), TITLE,
+# `register(app)` and `layout(...)`: adding a page is its module and one line here.
 PAGES: tuple[ModuleType, ...] = (
     overview,
     timeline,
@@ -82,7 +84,7 @@ def _layout() -> html.Div:
                     html.Span(about, id="run-about", style={"color": "#555"}),
                 ],
             ),
-            components.nav(),
+            components.nav(PAGES),
             dash.page_container,
         ],
         style={"fontFamily": "system-ui, sans-serif", "margin": "0 16px", "background": "#fafafa"},

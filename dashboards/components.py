@@ -6,7 +6,8 @@ and says "not available" the same way when its analysis is missing for a run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
+from types import ModuleType
 from typing import Any
 from urllib.parse import urlencode
 
@@ -16,16 +17,6 @@ import polars as pl
 from dash import dcc, html
 from ranklens.dashboards.data import RunData, current
 from ranklens.dashboards.figures import MS
-
-PAGES: tuple[tuple[str, str], ...] = (
-    ("/", "Overview"),
-    ("/timeline", "Timeline"),
-    ("/pipeline", "Pipeline"),
-    ("/communication", "Communication"),
-    ("/contention", "Contention & stragglers"),
-    ("/findings", "Findings"),
-    ("/sql", "SQL"),
-)
 
 CARD = {
     "border": "1px solid #ddd",
@@ -62,10 +53,10 @@ def figure(data: RunData, key: Hashable, build: Callable[[], go.Figure]) -> dict
     return out
 
 
-def nav() -> html.Nav:
-    """The page links, always on top."""
+def nav(pages: Iterable[ModuleType]) -> html.Nav:
+    """The page links, always on top: each page's NAME linking to its PATH, in order."""
     return html.Nav(
-        [dcc.Link(label, href=path, style={"marginRight": "18px"}) for path, label in PAGES],
+        [dcc.Link(p.NAME, href=p.PATH, style={"marginRight": "18px"}) for p in pages],
         style={"padding": "8px 0", "borderBottom": "1px solid #ddd", "marginBottom": "8px"},
     )
 

@@ -21,7 +21,7 @@ from typing import Any
 import duckdb
 import flask
 import polars as pl
-from ranklens.analysis import BY_NAME, REGISTRY, Result
+from ranklens.analysis import Result, by_name
 from ranklens.analysis import timeline as tl
 from ranklens.analysis.report import Report, build_report, run_facts
 from ranklens.analysis.sql_console import safe_connect
@@ -87,7 +87,7 @@ class RunData:
                 return build_report(cur)
             except Exception:  # one analysis failing must not take the other pages down
                 ok: list[str] = []
-                for mod in REGISTRY:
+                for mod in by_name().values():
                     one = self.cursor()
                     try:
                         mod.run(one)
@@ -104,7 +104,7 @@ class RunData:
 
     def result(self, name: str) -> Result | None:
         """The named analysis' result; None when it is not registered or it failed."""
-        if name not in BY_NAME:
+        if name not in by_name():
             return None
         return self.report().results.get(name)
 
@@ -113,7 +113,7 @@ class RunData:
         self.report()
         if name in self._errors:
             return self._errors[name]
-        if name not in BY_NAME:
+        if name not in by_name():
             return f"the {name} analysis is not available in this version of ranklens"
         return None
 

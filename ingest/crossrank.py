@@ -3,7 +3,10 @@ matching, clock alignment and parallelism attribution (in that order: each needs
 send/recv without peers are paired after a first alignment and matched again).
 
 Why one entry point: the loader calls it once, and what it did is recorded in `meta` so a
-report can say how far the cross-rank numbers can be trusted.
+report can say how far the cross-rank numbers can be trusted. Why two halves: the first
+(`attribute_communication`) needs no option and rewrites events; the second
+(`match_align_label`) depends on the layout and offsets and only writes small tables, so
+`ranklens realign` (realign.py) re-runs it on a stored run without its traces.
 """
 
 from __future__ import annotations
@@ -29,7 +32,23 @@ from ranklens.ingest.p2p_infer import (
 
 def finish_cross_rank(con: duckdb.DuckDBPyConnection, options: RunOptions | None = None) -> None:
     """Attribute, match, align and label; write a summary into `meta`."""
-    opts = options or RunOptions()
+    facts = attribute_communication(con)
+    facts.update(match_align_label(con, options or RunOptions()))
+    con.executemany("INSERT INTO meta VALUES (?, ?)", sorted(facts.items()))
+
+
+def check_layout(con: duckdb.DuckDBPyConnection, options: RunOptions | None) -> None:
+    """A layout that cannot describe the run is refused (before it labels any group)."""
+    if options is None or options.layout is None:
+        return
+    world, top = con.execute("SELECT max(world_size), max(rank) FROM ranks").fetchall()[0]
+    options.layout.check_fits(None if world is None else int(world), int(top))
+
+
+def attribute_communication(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """Give communication the traces left unlabelled a group (batched p2p kernels, gloo
+    threads, inferred communicators). It writes `events`, takes no option, and so is done once
+    at ingest: `realign` starts from what it stored."""
     facts: dict[str, str] = {}
     n_ranks, world = con.execute("SELECT count(*), max(world_size) FROM ranks").fetchall()[0]
     facts["p2p_batched_kernels"] = str(link_batches(con))
@@ -41,6 +60,15 @@ def finish_cross_rank(con: duckdb.DuckDBPyConnection, options: RunOptions | None
         # not talk to each other, and pairing them by order would invent collectives.
         facts["inferred_groups"] = str(infer_communicators(con))
         facts["inferred_groups_merged"] = str(_merge_inferred(con))
+    return facts
+
+
+def match_align_label(con: duckdb.DuckDBPyConnection, opts: RunOptions) -> dict[str, str]:
+    """Match collectives, align clocks and label groups: the part that depends on the options
+    (user offsets steer p2p peer inference too). It writes `collectives`, the clock columns of
+    `ranks` and `process_groups`' labels, never `events`, so it can run again (`realign`).
+    Returns its facts for `meta` (keys: `realign.FACT_KEYS`)."""
+    facts: dict[str, str] = {}
     statuses = match_collectives(con)
     if has_unknown(con):
         # Send/recv without peers: pair neighbours' stream classes, then (for what stays)
@@ -60,7 +88,7 @@ def finish_cross_rank(con: duckdb.DuckDBPyConnection, options: RunOptions | None
         facts["layout"] = opts.layout.describe()
     for key, src in opts.sources.items():
         facts[f"option_{key}"] = src
-    con.executemany("INSERT INTO meta VALUES (?, ?)", sorted(facts.items()))
+    return facts
 
 
 def _merge_inferred(con: duckdb.DuckDBPyConnection) -> int:

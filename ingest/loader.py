@@ -10,7 +10,6 @@ as it was, and re-ingesting the same files gives the same database.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import duckdb
 from ranklens.ingest import output, sanity
 from ranklens.ingest.config import RunOptions
-from ranklens.ingest.crossrank import finish_cross_rank
+from ranklens.ingest.crossrank import check_layout, finish_cross_rank
 from ranklens.ingest.errors import NoTracesError, RanklensError
 from ranklens.ingest.inputs import NOT_TRACES, TRACE_SUFFIXES, Inputs, scan_inputs
 from ranklens.ingest.kineto_schedule import run_parallel, run_serial
@@ -86,26 +85,18 @@ def load_traces(
     output.check_output(out, [*files, *map(str, inputs)])
     report = IngestReport(db_path=str(out), warnings=notes)
     _unreadable_dirs(found, report, on_error)
-    with output.output_lock(out), private_dir("ingest") as scratch:
-        output.sweep_leftovers(out)
-        tmp = output.temp_path(out)
+    with output.replacing(out) as tmp, private_dir("ingest") as scratch:
+        con = duckdb.connect(str(tmp))
+        con.execute("SET enable_progress_bar = false")
+        # Bound the writer's memory; DuckDB spills to a temp dir beside the output instead.
+        con.execute(f"SET memory_limit = '{_memory_limit_mb(files)}MB'")
         try:
-            con = duckdb.connect(str(tmp))
-            con.execute("SET enable_progress_bar = false")
-            # Bound the writer's memory; DuckDB spills to a temp dir beside the output instead.
-            con.execute(f"SET memory_limit = '{_memory_limit_mb(files)}MB'")
-            try:
-                _ingest(con, files, found, report, on_error, workers, progress, options, scratch)
-                if finalize is not None:
-                    finalize(con)
-                con.execute("CHECKPOINT")
-            finally:
-                con.close()
-            output.commit(tmp, out)
+            _ingest(con, files, found, report, on_error, workers, progress, options, scratch)
+            if finalize is not None:
+                finalize(con)
+            con.execute("CHECKPOINT")
         finally:
-            tmp.unlink(missing_ok=True)
-            Path(str(tmp) + ".wal").unlink(missing_ok=True)
-            shutil.rmtree(str(tmp) + ".tmp", ignore_errors=True)  # DuckDB's spill directory
+            con.close()
     return report
 
 
@@ -169,7 +160,7 @@ def _ingest(
         raise NoTracesError(
             f"no trace could be ingested ({reasons or 'no files'})", "fix or remove the bad files"
         )
-    _check_layout(con, options)
+    check_layout(con, options)
     finish_database(con, sink.groups)
     if nsys and not kin:
         # Nsight has no process-group metadata: infer communicators from collective sequences.
@@ -182,14 +173,6 @@ def _ingest(
     report.n_events = int(con.execute("SELECT count(*) FROM events").fetchall()[0][0])
     report.warnings += sanity.run_warnings(con)
     sanity.store_warnings(con, report.warnings)
-
-
-def _check_layout(con: duckdb.DuckDBPyConnection, options: RunOptions | None) -> None:
-    """A layout that cannot describe the run is refused (before it labels any group)."""
-    if options is None or options.layout is None:
-        return
-    world, top = con.execute("SELECT max(world_size), max(rank) FROM ranks").fetchall()[0]
-    options.layout.check_fits(None if world is None else int(world), int(top))
 
 
 def _memory_limit_mb(files: list[str]) -> int:

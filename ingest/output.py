@@ -143,6 +143,23 @@ def _glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
+@contextmanager
+def replacing(out: Path) -> Iterator[Path]:
+    """The way to write `out`: under its lock, leftovers swept, yield the temporary path to
+    build the database at; put it in place when the block ends normally, and always remove what
+    is left of it (DuckDB's `.wal` and spill directory too), so a failure keeps the old file."""
+    with output_lock(out):
+        sweep_leftovers(out)
+        tmp = temp_path(out)
+        try:
+            yield tmp
+            commit(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
+            Path(str(tmp) + ".wal").unlink(missing_ok=True)
+            shutil.rmtree(str(tmp) + ".tmp", ignore_errors=True)  # DuckDB's spill directory
+
+
 def commit(tmp: Path, out: Path) -> None:
     """Put the finished database in place in one rename (readers see the old or the new file,
     never a part); a stale `.wal` of the old file goes first so it cannot apply to the new."""

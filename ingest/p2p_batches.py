@@ -44,11 +44,21 @@ FROM events WHERE false
 """
 
 
-def link_batches(con: duckdb.DuckDBPyConnection) -> int:
-    """Build `_p2p_batch_ops` (one row per op of each batched kernel) and give each batched
-    kernel its ops' group; returns how many kernels were batches."""
+def build_batches(con: duckdb.DuckDBPyConnection) -> None:
+    """Build `_p2p_batch_ops` (one row per op of each batched kernel) from `events` alone.
+
+    Realign calls it on a stored run: it reads the kernels and host ops link_batches read at
+    ingest, which the rest of ingest leaves as they were, except that group inference names
+    ops the traces left without a group (a batch's host ops without one would then be matched
+    in the inferred group, where ingest left them `no_group`)."""
     con.execute("SET asof_loop_join_threshold = 0")
     con.execute(_LINK_SQL)
+
+
+def link_batches(con: duckdb.DuckDBPyConnection) -> int:
+    """Build `_p2p_batch_ops` and give each batched kernel its ops' group; returns how many
+    kernels were batches."""
+    build_batches(con)
     con.execute(
         """UPDATE events SET pg_name = b.pg FROM (
              SELECT rank, ts_ns, stream, min(pg_name) AS pg FROM _p2p_batch_ops

@@ -155,8 +155,8 @@ def open_run(
         if given and not for_baseline:
             raise ConfigError(
                 f"{inputs[0]} is a database; {', '.join(given)} apply when traces are ingested",
-                "re-ingest: ranklens ingest RUN_DIR -o run.duckdb with those options, or give "
-                "the trace directory instead of the database",
+                f"change them in the database with: ranklens realign {inputs[0]} "
+                f"{' '.join(given)} ...; or give the trace directory instead of the database",
             )
         run = Run(inputs[0], None)
         try:

@@ -20,13 +20,13 @@ from ranklens.dashboards.data import RunData, current
 from ranklens.dashboards.figures import empty
 
 PATH = "/communication"
+NAME = "Communication"  # its link in the page bar
+TITLE = "ranklens · communication"  # in the browser tab
 
 
 def register(app: dash.Dash) -> None:
     """Add the page and its callbacks to `app`."""
-    ui.register_page(
-        __name__, path=PATH, name="Communication", title="ranklens · communication", layout=layout
-    )
+    ui.register_page(__name__, path=PATH, name=NAME, title=TITLE, layout=layout)
 
     @app.callback(
         Output("communication-by-op", "figure"),

@@ -18,6 +18,8 @@ from ranklens.dashboards import figures_contention as cfigs
 from ranklens.dashboards.data import RunData, current
 
 PATH = "/contention"
+NAME = "Contention & stragglers"  # its link in the page bar
+TITLE = "ranklens · contention & stragglers"  # in the browser tab
 
 
 def register(app: dash.Dash) -> None:
@@ -25,8 +27,8 @@ def register(app: dash.Dash) -> None:
     ui.register_page(
         __name__,
         path=PATH,
-        name="Contention & stragglers",
-        title="ranklens · contention & stragglers",
+        name=NAME,
+        title=TITLE,
         layout=layout,
     )
 

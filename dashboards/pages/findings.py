@@ -19,14 +19,14 @@ from ranklens.dashboards.figures import MS
 from ranklens.dashboards.pages.timeline import all_steps, step_window
 
 PATH = "/findings"
+NAME = "Findings"  # its link in the page bar
+TITLE = "ranklens · findings"  # in the browser tab
 _SEVERITY_COLORS = {"critical": "#B00020", "warning": "#E45756", "info": "#4C78A8"}
 
 
 def register(app: dash.Dash) -> None:
     """Add the page to `app`."""
-    ui.register_page(
-        __name__, path=PATH, name="Findings", title="ranklens · findings", layout=layout
-    )
+    ui.register_page(__name__, path=PATH, name=NAME, title=TITLE, layout=layout)
     whatif_panel.register(app)
 
 

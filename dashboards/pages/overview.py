@@ -20,6 +20,8 @@ from ranklens.dashboards.data import RunData, current
 from ranklens.dashboards.pages.findings import timeline_link
 
 PATH = "/"
+NAME = "Overview"  # its link in the page bar
+TITLE = "ranklens · overview"  # in the browser tab
 GRAPHS = (
     "overview-heatmap",
     "overview-step-time",
@@ -54,9 +56,7 @@ def click_href(data: RunData, graph: str, click: Any, step: int | None) -> str |
 
 def register(app: dash.Dash) -> None:
     """Add the page and its callbacks to `app`."""
-    ui.register_page(
-        __name__, path=PATH, name="Overview", title="ranklens · overview", layout=layout
-    )
+    ui.register_page(__name__, path=PATH, name=NAME, title=TITLE, layout=layout)
 
     @app.callback(
         Output("overview-heatmap", "figure"),

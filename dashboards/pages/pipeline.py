@@ -20,13 +20,13 @@ from ranklens.dashboards import figures_pipeline as figs
 from ranklens.dashboards.data import RunData, current
 
 PATH = "/pipeline"
+NAME = "Pipeline"  # its link in the page bar
+TITLE = "ranklens · pipeline"  # in the browser tab
 
 
 def register(app: dash.Dash) -> None:
     """Add the page and its callbacks to `app`."""
-    ui.register_page(
-        __name__, path=PATH, name="Pipeline", title="ranklens · pipeline", layout=layout
-    )
+    ui.register_page(__name__, path=PATH, name=NAME, title=TITLE, layout=layout)
 
     @app.callback(
         Output("pipeline-gantt", "figure"),

@@ -25,6 +25,8 @@ from ranklens.dashboards.data import RunData, current, result_rows
 from ranklens.ingest.schema import TABLES
 
 PATH = "/sql"
+NAME = "SQL"  # its link in the page bar
+TITLE = "ranklens · SQL"  # in the browser tab
 MAX_ROWS = 100_000  # rows of one result, in the grid and in the CSV
 CSV_ROWS = MAX_ROWS
 TIMEOUT_S = 20.0
@@ -83,9 +85,7 @@ _URL_JS = """function(n, query) {
 
 def register(app: dash.Dash) -> None:
     """Add the page and its callbacks to `app`."""
-    ui.register_page(
-        __name__, path=PATH, name="SQL", title="ranklens · SQL", layout=layout, keep=False
-    )
+    ui.register_page(__name__, path=PATH, name=NAME, title=TITLE, layout=layout, keep=False)
     app.clientside_callback(  # type: ignore[no-untyped-call]
         _KEYS_JS, Output("sql-keys", "data"), Input("sql-query", "id")
     )

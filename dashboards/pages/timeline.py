@@ -25,14 +25,14 @@ from ranklens.dashboards.figures import MS
 from ranklens.dashboards.figures_timeline import timeline as timeline_figure
 
 PATH = "/timeline"
+NAME = "Timeline"  # its link in the page bar
+TITLE = "ranklens · timeline"  # in the browser tab
 _DEFAULT_RANKS = 16  # ranks shown when none are asked for (more: pick them)
 
 
 def register(app: dash.Dash) -> None:
     """Add the page and its callbacks to `app`."""
-    ui.register_page(
-        __name__, path=PATH, name="Timeline", title="ranklens · timeline", layout=layout
-    )
+    ui.register_page(__name__, path=PATH, name=NAME, title=TITLE, layout=layout)
 
     # In the browser: pass on only relayouts that move the x axis. Plotly also reports resizes
     # ({"autosize": true}); sent to the server, such a request would supersede (and so discard)

@@ -16,13 +16,13 @@ import polars as pl
 import pytest
 from ranklens.analysis import pipeline, stragglers
 from ranklens.analysis import timeline as tl
+from ranklens.dashboards import app as dashboard
 from ranklens.dashboards import page_speed
 
 from .conftest import SCREENSHOTS, LiveApp
 
 pytestmark = pytest.mark.browser
 
-PAGES = ("/", "/timeline", "/pipeline", "/communication", "/contention", "/findings", "/sql")
 # Every graph of the page drawn (or none on the page).
 DRAWN = (
     "Array.from(document.querySelectorAll('.dash-graph')).every(g => g.querySelector('.main-svg'))"
@@ -259,7 +259,7 @@ def test_every_page_opens(
     browser: Any, sample_db: Callable[[str], Path], live_app: Callable[[Path], LiveApp]
 ) -> None:
     app = live_app(sample_db("megatron_tp2_pp2_dp2"))
-    for path in PAGES:
+    for path in (page.PATH for page in dashboard.PAGES):  # every registered page
         open_page(browser, app.url(path), "#_pages_content > div")
         body = text(browser, "#_pages_content")
         assert "not available for this run" not in body, (path, body[:400])
