@@ -250,19 +250,24 @@ def render_table(report: Report, console: Console) -> None:
 
 
 def report_json(report: Report) -> str:
-    """Everything: facts, findings, and every table of every analysis."""
-    doc: dict[str, Any] = {
-        "facts": report.facts,
-        "findings": [f.as_dict() for f in report.findings],
-        "analyses": {
-            name: {
-                "table": res.table.to_dicts(),
-                **{k: v.to_dicts() for k, v in res.tables.items()},
-            }
-            for name, res in report.results.items()
-        },
-    }
-    return json.dumps(doc, indent=2, default=str)
+    """Everything: facts, findings, and every table of every analysis. Tables are written by
+    polars' own JSON writer (rows as objects, NaN as null): through Python dicts a 1,024-rank
+    report took ~25 s and gigabytes."""
+    head = json.dumps(
+        {"facts": report.facts, "findings": [f.as_dict() for f in report.findings]},
+        indent=2,
+        default=str,
+    )
+    analyses = ",\n".join(
+        f"    {json.dumps(name)}: {{"
+        + ", ".join(
+            f"{json.dumps(k)}: {df.write_json()}"
+            for k, df in (("table", res.table), *res.tables.items())
+        )
+        + "}"
+        for name, res in report.results.items()
+    )
+    return head[:-2] + ',\n  "analyses": {\n' + analyses + "\n  }\n}"
 
 
 def report_csv(report: Report) -> str:
