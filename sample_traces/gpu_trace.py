@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 
 SMS = 132
 HOST_US = 4.0  # host time per op: launches run ahead of the device, as torch's do
-LAUNCH_US = 3.0  # a kernel starts no sooner than this after its launch
 # (kernel name, grid, host op, input dims) per kernel class k % 3 of a block.
 _KERNELS = (
     (
@@ -97,10 +96,13 @@ def rank_doc(
         start = tm.start + shift
         step = int(tm.meta["step"])
         free = host_at.get(step, win[step] + 0.001 * (corr % 500))
-        # the host runs ahead of the device (HOST_US per op); it never launches a kernel
-        # later than LAUNCH_US before the kernel started (the simulation's device times)
-        host = max(free, min(free + HOST_US, start - LAUNCH_US))
-        host_at[step] = host + 1.2
+        # the host runs ahead of the device: HOST_US per op, less for short kernels (a host
+        # slower than the device would make the run host-bound, which the device-only
+        # simulation does not model); a launch is never later than the host is free
+        cost = max(min(HOST_US, 0.4 * (tm.end - tm.start)), 0.05)
+        op_us = min(1.0, 0.8 * cost)
+        host = free
+        host_at[step] = host + (cost if tm.kind == "compute" else max(cost, 1.2))
         dev_end[step] = max(dev_end.get(step, 0.0), tm.end + shift)
         meta = tm.meta
         if tm.kind == "compute":
@@ -116,7 +118,7 @@ def rank_doc(
                     [[4096]],
                 )
             ev.append(
-                _x("cpu_op", op, pid, pid, host, 1.0, {"External id": corr, "Input Dims": dims})
+                _x("cpu_op", op, pid, pid, host, op_us, {"External id": corr, "Input Dims": dims})
             )
             kargs: dict[str, Any] = {"grid": grid, "block": [384, 1, 1]}
             stream = _STREAMS["compute"]
@@ -155,9 +157,9 @@ def rank_doc(
                 stream = 40 + g["ranks"].index(peer)
             else:
                 stream = _STREAMS["async" if tm.stream == "async" else "coll"]
-            ev.append(_x("cpu_op", "record_param_comms", pid, pid, host, 1.0, rpc))
+            ev.append(_x("cpu_op", "record_param_comms", pid, pid, host, op_us, rpc))
         rt = {"correlation": corr, "External id": corr}
-        ev.append(_x("cuda_runtime", "cudaLaunchKernel", pid, pid, host + 0.5, 0.5, rt))
+        ev.append(_x("cuda_runtime", "cudaLaunchKernel", pid, pid, host + op_us / 2, op_us / 2, rt))
         kargs = {**kargs, "device": dev, "stream": stream, "correlation": corr, "External id": corr}
         ev.append(_x("kernel", name, dev, stream, start, tm.end - tm.start, kargs))
     for step, free in host_at.items():  # the step ends with the host waiting for the device
