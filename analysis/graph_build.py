@@ -214,16 +214,6 @@ def _assemble(
     rs_rank = np.zeros(n_rs, dtype=np.int64)
     rs_step = np.zeros(n_rs, dtype=np.int64)
     rs_rank[rs], rs_step[rs] = rank[u_first], step[u_first]
-    w_start, _ = gu.window_of(
-        rs[starts],
-        rs_rank,
-        rs_step,
-        _col(win, "rank"),
-        _col(win, "step"),
-        _col(win, "w_start"),
-        _col(win, "w_end"),
-        n_start,
-    )
     rs_first = np.full(n_rs, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(rs_first, rs[starts], n_start)  # a launch a little before its window
     w_rs_start, w_rs_end = gu.window_of(
@@ -236,6 +226,7 @@ def _assemble(
         _col(win, "w_end"),
         rs_first,
     )
+    w_start = w_rs_start[rs[starts]]  # each node's rank-step window
 
     # in-edges of each node: its lane's previous node, the node it waited for, the step start
     lane_src = np.where(first_on_lane[starts] | overlap[starts], -1, np.arange(nn) - 1)
