@@ -114,8 +114,8 @@ def _findings(by_rank: pl.DataFrame, p: Params) -> list[Finding]:
                 ),
                 fix=(
                     "check which parallelism carries it (breakdown_by_parallelism) and whether "
-                    "it is hidden (overlap); shrink it with larger DP buckets, gradient "
-                    "compression, or a layout that keeps TP inside one NVLink domain"
+                    "it is hidden (overlap); shrink it with fewer, larger collectives or "
+                    "lower-precision communication"
                 ),
                 time_at_stake_ns=0,
                 ranks=tuple(int(r) for r in heavy["rank"]),

@@ -25,6 +25,7 @@ import duckdb
 import polars as pl
 from ranklens.analysis._base import Finding, Result, Severity
 from ranklens.analysis._sql import apply_sql, query_pl
+from ranklens.analysis.run_profile import group_labels
 
 NAME = "collectives"
 VIEW_FILES: tuple[str, ...] = ("collectives",)  # its views, stored in the run (views.py)
@@ -91,7 +92,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     mism = query_pl(con, "SELECT * FROM collectives_mismatches ORDER BY pg_name, seq")
     by_par = query_pl(con, "SELECT * FROM collectives_by_parallelism ORDER BY parallelism, op")
     steps = int(con.execute("SELECT count(DISTINCT step) FROM steps").fetchall()[0][0]) or 1
-    findings = _mismatch(mism) + _slow(inst, steps, params) + _low(table, params)
+    names = group_labels(con)
+    findings = _mismatch(mism, names) + _slow(inst, steps, params, names)
+    findings += _low(table, params, names)
     return Result(
         NAME,
         table,
@@ -106,7 +109,12 @@ def _empty(table: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(schema=cols)
 
 
-def _mismatch(mism: pl.DataFrame) -> list[Finding]:
+def _name(names: dict[str, str], pg: object) -> str:
+    """A group by its parallelism and ranks (run_profile.group_labels), else by its id."""
+    return names.get(str(pg), f"group {pg}")
+
+
+def _mismatch(mism: pl.DataFrame, names: dict[str, str]) -> list[Finding]:
     if mism.is_empty():
         return []
     incomplete = mism.filter(pl.col("status") == "incomplete")
@@ -117,14 +125,14 @@ def _mismatch(mism: pl.DataFrame) -> list[Finding]:
     )
     missing = sorted({int(r) for lst in incomplete["missing_ranks"].to_list() for r in (lst or [])})
     what = (
-        f"rank(s) {missing} never joined {incomplete.height} collective(s); first: group "
-        f"{first['pg_name']} seq {first['seq']} ({', '.join(first['ops'])}) joined by ranks "
-        f"{list(first['ranks'])}: if the job hung, rank(s) {first['missing_ranks']} are the "
-        "culprit"
+        f"rank(s) {missing} never joined {incomplete.height} collective(s); first: "
+        f"{_name(names, first['pg_name'])} seq {first['seq']} ({', '.join(first['ops'])}) "
+        f"joined by ranks {list(first['ranks'])}: if the job hung, rank(s) "
+        f"{first['missing_ranks']} are the culprit"
         if incomplete.height
-        else f"{mism.height} collective(s) disagree across ranks; first: group "
-        f"{first['pg_name']} seq {first['seq']} {first['status']} (ops {list(first['ops'])}, "
-        f"sizes {list(first['sizes'])}, ranks {list(first['ranks'])})"
+        else f"{mism.height} collective(s) disagree across ranks; first: "
+        f"{_name(names, first['pg_name'])} seq {first['seq']} {first['status']} "
+        f"(ops {list(first['ops'])}, sizes {list(first['sizes'])}, ranks {list(first['ranks'])})"
     )
     return [
         Finding(
@@ -143,7 +151,7 @@ def _mismatch(mism: pl.DataFrame) -> list[Finding]:
     ]
 
 
-def _slow(inst: pl.DataFrame, steps: int, p: Params) -> list[Finding]:
+def _slow(inst: pl.DataFrame, steps: int, p: Params, names: dict[str, str]) -> list[Finding]:
     if inst.is_empty():
         return []
     bad = inst.filter(pl.col("slow").fill_null(False))
@@ -160,14 +168,14 @@ def _slow(inst: pl.DataFrame, steps: int, p: Params) -> list[Finding]:
             severity=Severity.WARNING,
             message=(
                 f"{bad.height} collective instance(s) took over {p.slow_factor:g}x the median "
-                f"of their kind ({per_step / 1e6:.1f} ms per step beyond it); worst: group "
-                f"{worst['pg_name']} ({worst['parallelism']}) {worst['op']} seq {worst['seq']}, "
+                f"of their kind ({per_step / 1e6:.1f} ms per step beyond it); worst: "
+                f"{_name(names, worst['pg_name'])} {worst['op']} seq {worst['seq']}, "
                 f"{worst['time_ns'] / 1e6:.2f} ms vs median "
                 f"{worst['time_ns'] / worst['time_vs_median'] / 1e6:.2f} ms"
             ),
             fix=(
                 "slow outliers of the same collective point at contention (other traffic "
-                "on the same links, e.g. DP beside PP), a flaky link/NIC, or the host "
+                "on the same links), a flaky link/NIC, or the host "
                 "descheduling the communication (CPU pinning); compare them with the "
                 "contention analysis"
             ),
@@ -179,7 +187,7 @@ def _slow(inst: pl.DataFrame, steps: int, p: Params) -> list[Finding]:
     ]
 
 
-def _low(table: pl.DataFrame, p: Params) -> list[Finding]:
+def _low(table: pl.DataFrame, p: Params, names: dict[str, str]) -> list[Finding]:
     bad = table.filter(
         (pl.col("bytes") >= p.bandwidth_bound_bytes)
         & (pl.col("peak_fraction") < p.low_busbw_fraction)
@@ -192,10 +200,10 @@ def _low(table: pl.DataFrame, p: Params) -> list[Finding]:
             code="COLLECTIVE_BUSBW_LOW",
             severity=Severity.WARNING,
             message=(
-                f"{worst['op']} of {worst['bytes'] / 2**20:.0f} MiB on group {worst['pg_name']} "
-                f"({worst['parallelism']}, {worst['link']}) reaches {worst['busbw_gbps']:.1f} "
-                f"GB/s bus bandwidth, {worst['peak_fraction']:.0%} of the {worst['peak_gbps']:g}"
-                " GB/s link peak"
+                f"{worst['op']} of {worst['bytes'] / 2**20:.0f} MiB on "
+                f"{_name(names, worst['pg_name'])} ({worst['link']}) reaches "
+                f"{worst['busbw_gbps']:.1f} GB/s bus bandwidth, {worst['peak_fraction']:.0%} "
+                f"of the {worst['peak_gbps']:g} GB/s link peak"
             ),
             fix=(
                 "large collectives should run near the link peak: check the NCCL topology "

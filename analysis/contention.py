@@ -154,8 +154,7 @@ def _findings(
                     fix=(
                         "communication kernels take SMs and memory bandwidth from the compute "
                         "they overlap: give NCCL fewer channels/CTAs (NCCL_MAX_NCHANNELS, "
-                        "NCCL_MAX_CTAS), cap the SMs of TP comm overlap (Transformer Engine "
-                        "userbuffers num_sm), or overlap communication with less memory-bound "
+                        "NCCL_MAX_CTAS) or overlap communication with less memory-bound "
                         "kernels; keep the overlap while the hidden communication is larger "
                         "than the time lost here (overlap analysis)"
                     ),
@@ -212,11 +211,10 @@ def _comm_finding(
                 f"(all classes)"
             ),
             fix=(
-                "communications compete for the same links and copy engines: stagger them "
-                "(move the DP gradient communication into pipeline bubbles, 'vertical "
-                "alignment'), put PP and DP traffic on different NICs/rails, or lower the "
-                "number of DP buckets in flight; durations include waits for late peers, "
-                "so check the stragglers analysis before tuning"
+                "communications compete for the same links and copy engines: stagger them, "
+                "put them on different NICs/rails, or lower the number of buckets in flight; "
+                "durations include waits for late peers, so check the stragglers analysis "
+                "before tuning"
             ),
             time_at_stake_ns=int(lost),
             ranks=tuple(sorted({int(r) for r in bad["compared_ranks"].explode().drop_nulls()})),

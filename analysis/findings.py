@@ -62,8 +62,7 @@ def _dp_into_bubbles(results: dict[str, Result]) -> list[Finding]:
                 "move the DP gradient communication into the bubbles the pipeline already has "
                 "('vertical alignment'): start each stage's gradient reduce-scatter/all-reduce "
                 "as soon as its last backward ends (cool-down) and the parameter all-gather "
-                "during warm-up, e.g. Megatron --overlap-grad-reduce / --overlap-param-gather "
-                "with per-stage buckets; re-bucket so the last bucket is small"
+                "during warm-up; re-bucket so the last bucket is small"
             ),
             time_at_stake_ns=int(top["movable"]),
             ranks=tuple(int(r) for r in per_rank.filter(pl.col("movable") > 0)["rank"]),

@@ -87,9 +87,9 @@ def _findings(by_rank: pl.DataFrame, by_par: pl.DataFrame, p: Params) -> list[Fi
     top = par.row(0, named=True)["parallelism"] if not par.is_empty() else "UNKNOWN"
     fixes = {
         "DP": "overlap the DP gradient reduction with backward (DDP/FSDP bucketing, "
-        "overlap_grad_reduce), tune bucket sizes, or move it into pipeline bubbles",
-        "TP": "enable TP communication overlap (sequence parallelism, "
-        "tp_comm_overlap / userbuffers) or keep TP inside one NVLink domain",
+        "overlap_grad_reduce) and tune bucket sizes",
+        "TP": "enable TP communication overlap (tp_comm_overlap / userbuffers) or keep TP "
+        "inside one NVLink domain",
         "PP": "PP send/recv is on the critical path: more micro-batches or an interleaved "
         "schedule shortens the waits",
         "EP": "overlap all-to-all dispatch/combine with expert compute (e.g. DualPipe-style "

@@ -107,7 +107,7 @@ def _schedule_rule(groups: list[dict[str, Any]], p: Thresholds) -> list[Finding]
                 f"{sched} with p={pp} stages and m={m} micro-batches has a closed-form bubble "
                 f"of {worst:.0%} of the pipeline time ({row['convention']}); measured "
                 + ("-" if measured is None else f"{measured:.0%}")
-                + f" on PP group {g['group']}"
+                + f" on PP {sorted(g['ranks'])}"
             ),
             fix=fix,
             time_at_stake_ns=int(at_stake),
@@ -190,10 +190,8 @@ def _imbalance_rule(groups: list[dict[str, Any]], p: Thresholds) -> list[Finding
             fix=(
                 f"rebalance layers: move layers off stage {h['heavy_stage']} (rank "
                 f"{h['heavy_rank']}) onto the lightest stage {h['light_stage']} (rank "
-                f"{h['light_rank']}), e.g. Megatron --decoder-first-pipeline-num-layers / "
-                f"--decoder-last-pipeline-num-layers or a custom split; count the embedding "
-                f"(first stage) and the output layer and loss (last stage) as layers; if the "
-                f"stage is not heavier by design, check that host for a slow GPU or CPU"
+                f"{h['light_rank']}); if the stage is not heavier by design, check that host "
+                f"for a slow GPU or CPU"
             ),
             time_at_stake_ns=int(max(stake, 0.0)),
             ranks=tuple(sorted(int(x["heavy_rank"]) for x in heavy)),
@@ -211,16 +209,15 @@ _COMPONENTS: tuple[tuple[str, str, str, str], ...] = (
         "microbatch_variance_ns",
         "PIPELINE_MICROBATCH_VARIANCE",
         "some micro-batches take longer than the others on the same stage and stall the pipeline",
-        "the stretched micro-batches usually carry overlapped DP (or TP) communication: move "
-        "the DP gradient reduce-scatter/all-gather into the existing bubbles (vertical "
-        "alignment: issue it during warm-up/cool-down), re-bucket so no single micro-batch "
-        "carries a large bucket, or look for host stalls (data loading, GC) inside them",
+        "find what stretches them: communication overlapped with those micro-batches (move "
+        "it into the existing bubbles or re-bucket it so no single micro-batch carries a "
+        "large part), or host stalls (data loading, GC) inside them",
     ),
     (
         "p2p_ns",
         "PIPELINE_P2P_LATENCY",
         "PP send/recv latency sits on the critical path between stages",
-        "overlap p2p with compute (Megatron --overlap-p2p-communication, batched isend/irecv), "
+        "overlap p2p with compute (batched isend/irecv issued ahead of their use), "
         "keep adjacent stages on one node / NVLink domain or the same network rail, and check "
         "the PP link bandwidth (collectives analysis)",
     ),
@@ -270,7 +267,7 @@ def _component_rules(groups: list[dict[str, Any]], p: Thresholds) -> list[Findin
                 severity=_severity(at, g["window"], p.component_warn),
                 message=(
                     f"{what}: {at / 1e6:.1f} ms per step per stage ({share:.0%} of the step) "
-                    f"on PP group {g['group']}"
+                    f"on PP {sorted(g['ranks'])}"
                     + (f"; slowest blocks: {slow[0]}" if slow and "VARIANCE" in code else "")
                 ),
                 fix=fix,

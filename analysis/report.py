@@ -12,7 +12,7 @@ from typing import Any
 
 import duckdb
 import polars as pl
-from ranklens.analysis import _activity, critical_path, results_store, savings
+from ranklens.analysis import _activity, advice, critical_path, results_store, run_profile, savings
 from ranklens.analysis._base import Finding, Result
 from ranklens.analysis._sql import query_pl
 
@@ -76,7 +76,10 @@ def build_report(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] | None =
                 results[mod.NAME] = results_store.compute_or_load(con, mod)
     from ranklens.analysis.findings import derive
 
-    found = [*(f for r in results.values() for f in r.findings), *derive(results)]
+    prof = run_profile.profile(con)
+    found = advice.tailor(
+        [*(f for r in results.values() for f in r.findings), *derive(results)], prof
+    )
     if any(m.NAME == critical_path.NAME for m in mods):
         model = critical_path.model(con)
         found, outcomes = savings.attach(model, found)
@@ -84,6 +87,12 @@ def build_report(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] | None =
     findings = sorted(found, key=lambda f: (-f.rank_ns, _SEVERITY_ORDER[f.severity.value], f.code))
     facts = run_facts(con)
     facts.update(cross_rank_facts(con, results))
+    facts.update(
+        parallelisms=sorted(prof.parallelisms),
+        model=prof.model,
+        framework=prof.framework,
+        groups=prof.groups,  # pg_name -> "PP [0, 4]": how faces name a group
+    )
     return Report(facts, results, tuple(findings))
 
 

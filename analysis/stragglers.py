@@ -138,10 +138,9 @@ def _straggler(table: pl.DataFrame, inst: pl.DataFrame, p: Params) -> list[Findi
                     f"mostly {top['parallelism']} {top['op']}{more}"
                 ),
                 fix=(
-                    f"find what rank {rank} does that its peers do not: uneven data or "
-                    "sequence lengths, an unbalanced split (causal-mask context parallel: give "
-                    "each rank an early and a late chunk), host-side stalls (data loader, GC), "
-                    "or a slow GPU/host (replace it)"
+                    f"find what rank {rank} does that its peers do not: more data or work "
+                    "given to it, host-side stalls (data loader, GC), or a slow GPU/host "
+                    "(replace it)"
                 ),
                 time_at_stake_ns=int(row["net_held_back_per_step_ns"]),
                 ranks=(rank,),
@@ -205,9 +204,8 @@ def _imbalance(table: pl.DataFrame, p: Params) -> list[Finding]:
                 f"{p.imbalance_warn:.0%})"
             ),
             fix=(
-                "balance the work across ranks of the same stage: equal token counts per "
-                "rank, a load-balanced context-parallel split for causal attention, even layer "
-                "counts per stage"
+                "balance the work across ranks that should do the same amount (equal data "
+                "per rank), or check those ranks for a slower device or host"
             ),
             time_at_stake_ns=excess,
             ranks=tuple(int(r) for r in bad["rank"]),

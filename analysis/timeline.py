@@ -13,7 +13,12 @@ idle = none of compute, non-PP comm or memory, i.e. idle time plus PP waits, as 
 analysis counts bubbles), and the ranks of one collective instance.
 
 Device activity is what the other analyses count: GPU kernels, memcpy and memset of GPU ranks,
-host compute/comm spans of CPU-only (gloo) ranks. Not a registered analysis: it has no findings.
+host compute/comm spans of CPU-only (gloo) ranks; the exposed/idle segments come from it alone.
+What a window draws is every event: on GPU ranks the host threads too (operators, runtime
+calls, synchronizations, ProfilerStep / record_function / NVTX ranges), as Perfetto and Nsight
+show them, so device idle time can be explained by what the host was doing. Buckets leave
+annotations out: a range is no work, and would fill every bucket of its thread. Not a
+registered analysis: it has no findings.
 """
 
 from __future__ import annotations
@@ -32,23 +37,33 @@ _RANKS = """r AS (SELECT rank, coalesce(clock_offset_ns, 0) AS off, coalesce(has
               FROM ranks),
 g AS (SELECT pg_name, any_value(parallelism) AS parallelism FROM process_groups GROUP BY pg_name)"""
 
-# The window's device activity on the job clock; $lo/$hi prune on the raw clock first.
-_EVENTS = f"""WITH {_RANKS}
+# Device activity (what the other analyses count).
+ACTIVITY_SQL = """e.kind IN ('compute', 'comm', 'memcpy', 'memset')
+  AND ((r.gpu AND e.device >= 0) OR (NOT r.gpu AND e.device = -1))"""
+
+
+def _events_sql(which: str) -> str:
+    """The window's events (`which`: a condition on e and r) on the job clock; $lo/$hi prune
+    on the raw clock first."""
+    return f"""WITH {_RANKS}
 SELECT e.rank, e.stream, e.kind::VARCHAR AS kind, e.name, e.step, e.ts_ns,
        e.ts_ns + r.off AS s, e.ts_ns + r.off + e.dur_ns AS e, e.dur_ns, e.pg_name, e.coll_op,
        CASE WHEN e.kind = 'comm' THEN coalesce(g.parallelism, 'UNKNOWN') END AS parallelism
 FROM events e JOIN r USING (rank) LEFT JOIN g USING (pg_name)
-WHERE e.kind IN ('compute', 'comm', 'memcpy', 'memset')
-  AND ((r.gpu AND e.device >= 0) OR (NOT r.gpu AND e.device = -1))
+WHERE {which}
   AND e.ts_ns >= $lo AND e.ts_ns < $hi
   AND e.ts_ns + r.off < $end AND e.ts_ns + r.off + e.dur_ns > $start
   AND ($ranks IS NULL OR list_contains($ranks, e.rank))"""
 
+
+_EVENTS = _events_sql(ACTIVITY_SQL)
+_DRAWN = _events_sql("true")  # every event: device activity and the host threads
+
 # Algorithm: clip to the window; an event inside one bucket adds to it directly, the few that
 # span several are split over them (unnest), then busy time is summed per lane/bucket/kind.
-_BUCKETS = f"""WITH ev AS ({_EVENTS}),
+_BUCKETS = f"""WITH ev AS ({_DRAWN}),
 c AS (SELECT rank, stream, kind, parallelism, greatest(s, $start) AS cs, least(e, $end) AS ce
-      FROM ev),
+      FROM ev WHERE kind <> 'annotation'),
 b AS (SELECT *, ((cs - $start) // $w)::BIGINT AS b0, ((ce - 1 - $start) // $w)::BIGINT AS b1
       FROM c WHERE ce > cs),
 one AS (SELECT rank, stream, kind, parallelism, b0 AS bucket, sum(ce - cs) AS busy, count(*) AS n
@@ -104,7 +119,7 @@ class Extent:
             (the earliest activity when the run has no steps).
         t1_ns: the latest step end (or activity end) on the job clock.
         min_off_ns / max_off_ns: range of the ranks' clock offsets (for the raw-time prefilter).
-        max_dur_ns: the longest activity event (so a window never misses one that started early).
+        max_dur_ns: the longest event drawn (so a window never misses one that started early).
     """
 
     t0_ns: int
@@ -137,8 +152,9 @@ def extent(con: duckdb.DuckDBPyConnection) -> Extent:
         FROM steps s JOIN r USING (rank)"""
     ).fetchall()[0]
     stats = con.execute(
-        "SELECT min(ats_ns), max(aend_ns), max(dur_ns) FROM events_aligned "
-        "WHERE kind IN ('compute', 'comm', 'memcpy', 'memset')"
+        "SELECT min(ats_ns) FILTER (WHERE act), max(aend_ns) FILTER (WHERE act), max(dur_ns) "
+        "FROM (SELECT *, kind IN ('compute', 'comm', 'memcpy', 'memset') AS act "
+        "FROM events_aligned)"
     ).fetchall()[0]
     t0 = row[0] if row[0] is not None else stats[0]
     t1 = row[1] if row[1] is not None else stats[1]
@@ -208,7 +224,7 @@ def window(
     max_cells: int = 6000,
     min_segment_frac: float = 0.001,
 ) -> Window:
-    """Device activity in [start_ns, end_ns) on the job clock, for `ranks` (None: all).
+    """Every event in [start_ns, end_ns) on the job clock, for `ranks` (None: all).
 
     Returns the raw events when there are at most `max_events`, else busy time per
     (rank, stream, kind, parallelism, bucket) with about `max_cells` lane-buckets in all;
@@ -218,7 +234,7 @@ def window(
     """
     end_ns = max(end_ns, start_ns + 1)
     p = _params(ext, start_ns, end_ns, ranks)
-    events = _query(con, _EVENTS + f"\nLIMIT {int(max_events) + 1}", p)
+    events = _query(con, _DRAWN + f"\nLIMIT {int(max_events) + 1}", p)
     if events.height <= max_events:
         min_ns = int((end_ns - start_ns) * min_segment_frac)
         segs = _query(con, _SEGMENTS, {**p, "min_ns": min_ns})
@@ -268,7 +284,7 @@ def _rebucket(coarse: pl.DataFrame, base_w: int, start: int, end: int, w: int) -
 
 
 def _count_lanes(con: duckdb.DuckDBPyConnection, p: Params) -> int:
-    sql = f"WITH ev AS ({_EVENTS}) SELECT count(*) AS n FROM (SELECT DISTINCT rank, stream FROM ev)"
+    sql = f"WITH ev AS ({_DRAWN}) SELECT count(*) AS n FROM (SELECT DISTINCT rank, stream FROM ev)"
     return int(_query(con, sql, p)["n"][0])
 
 

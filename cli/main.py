@@ -8,14 +8,17 @@ realign_cmd.py (realign); app.py holds what they share.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from ranklens.analysis import by_name
+from ranklens.analysis.advice import tailor
 from ranklens.analysis.report import build_report
 from ranklens.analysis.results_store import finalize_run
+from ranklens.analysis.run_profile import profile
 from ranklens.analysis.sql_console import run_sql
 from ranklens.cli import render
 from ranklens.cli.app import (
@@ -125,6 +128,7 @@ def analyze(
     opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
     with open_run(source, opts) as run:
         res = analyses[name].run(run.con)
+        res = replace(res, findings=tuple(tailor(list(res.findings), profile(run.con))))
     df = res.table if table is None else res.tables.get(table)
     if df is None:
         raise typer.BadParameter(f"no table {table!r}; have: {', '.join(res.tables)}")

@@ -6,7 +6,7 @@ and says "not available" the same way when its analysis is missing for a run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 from urllib.parse import urlencode
@@ -15,8 +15,8 @@ import dash
 import plotly.graph_objects as go
 import polars as pl
 from dash import dcc, html
+from ranklens.dashboards import tables
 from ranklens.dashboards.data import RunData, current
-from ranklens.dashboards.figures import MS
 
 CARD = {
     "border": "1px solid #ddd",
@@ -113,24 +113,25 @@ def title(text: str, subtitle: str = "") -> html.Div:
     )
 
 
-def table(df: pl.DataFrame, id_: str, max_rows: int = 200) -> html.Div:
-    """A polars frame as a plain HTML table (scrolling); ns columns shown in ms."""
-    shown = df.with_columns(
-        [
-            (pl.col(c) / MS).round(3).alias(c.removesuffix("_ns") + "_ms")
-            for c, t in df.schema.items()
-            if c.endswith("_ns") and t.is_numeric() and not c.endswith(("start_ns", "end_ns"))
-        ]
-    )
-    shown = shown.select(
-        [c for c in shown.columns if not (c.endswith("_ns") and f"{c[:-3]}_ms" in shown.columns)]
-    )
+def table(
+    df: pl.DataFrame,
+    id_: str,
+    max_rows: int = 200,
+    *,
+    t0_ns: int | None = None,
+    groups: Mapping[str, str] | None = None,
+    sort_by: str | None = "auto",
+) -> html.Div:
+    """A polars frame as a plain HTML table (scrolling), as tables.readable shapes it: the
+    costliest rows first (`sort_by`), empty columns left out, durations in ms and instants in
+    ms since `t0_ns`, groups by `groups`' labels, 3 significant digits."""
+    shown = tables.readable(df, t0_ns=t0_ns, groups=groups, sort_by=sort_by)
     # Cells are styled by the page's stylesheet (page_speed.py), not each by its own style:
     # a few hundred rows of inline styles were most of a page's JSON.
     head = html.Thead(html.Tr([html.Th(c) for c in shown.columns]))
     body = html.Tbody(
         [
-            html.Tr([html.Td(_fmt(v), **_data_column(c)) for c, v in row.items()])
+            html.Tr([html.Td(tables.cell(c, v), **_data_column(c)) for c, v in row.items()])
             for row in shown.head(max_rows).iter_rows(named=True)
         ]
     )
@@ -153,12 +154,22 @@ def _data_column(name: str) -> Any:
     return {"data-column": name}
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
+def run_table(data: RunData, df: pl.DataFrame, id_: str, **kwargs: Any) -> html.Div:
+    """`table` with the run's origin and group labels (what every analysis table needs)."""
+    return table(
+        df, id_, t0_ns=data.extent().t0_ns, groups=data.report().facts.get("groups"), **kwargs
+    )
+
+
+def evidence(ev: Mapping[str, Any], id_: str, groups: Mapping[str, str] | None = None) -> html.Div:
+    """A finding's evidence as labelled values and small tables (tables.evidence_items)."""
+    parts: list[Any] = []
+    for i, (label, value) in enumerate(tables.evidence_items(ev, groups)):
+        if isinstance(value, pl.DataFrame):
+            parts += [html.Div(html.B(label)), table(value, f"{id_}-{i}", max_rows=20)]
+        else:
+            parts.append(html.Div([html.B(f"{label}: "), value]))
+    return html.Div(parts, className="finding-evidence")
 
 
 def timeline_href(

@@ -23,6 +23,7 @@ import flask
 import polars as pl
 from ranklens.analysis import Result, by_name
 from ranklens.analysis import timeline as tl
+from ranklens.analysis import timeline_lanes as tlz
 from ranklens.analysis.report import Report, build_report, run_facts
 from ranklens.analysis.sql_console import safe_connect
 
@@ -161,10 +162,35 @@ class RunData:
         assert isinstance(base, tl.Overview)
         return base
 
+    def timeline_lanes(self) -> pl.DataFrame:
+        """Every lane of the run with its rows and name (analysis.timeline_lanes.lanes): the
+        timeline shows the same lanes at every zoom."""
+        lanes = self.cached("timeline_lanes", tlz.lanes)
+        assert isinstance(lanes, pl.DataFrame)
+        return lanes
+
+    def grow_lanes(self, need: pl.DataFrame) -> None:
+        """Lanes that a drawn window stacks deeper than their rows (rank, stream, rows: a
+        sampled sweep missed those slices) get those rows from now on, at most MAX_ROWS."""
+        lanes = self.timeline_lanes()
+        grown = (
+            lanes.join(need, on=["rank", "stream"], how="left", suffix="_need")
+            .with_columns(
+                pl.max_horizontal("rows", pl.col("rows_need").clip(upper_bound=tlz.MAX_ROWS))
+                .fill_null(pl.col("rows"))
+                .cast(lanes.schema["rows"])
+            )
+            .select(lanes.columns)
+        )
+        if not grown["rows"].equals(lanes["rows"]):
+            with self._lock:
+                self._cache["timeline_lanes"] = grown
+
     def warm(self) -> None:
         """Compute everything pages need up front (the CLI does this before serving)."""
         self.report()
         self.timeline_base()
+        self.timeline_lanes()
 
 
 def evidence(

@@ -14,10 +14,14 @@ import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
 import polars as pl
-from ranklens.analysis import Finding
 
 MS = 1e6
 
+# One colour, one meaning, on every page: red is exposed communication (and only that: time
+# a rank sat in communication with no compute beside it), orange is communication that runs,
+# blue is compute, greys are idle and bubble. Parallelisms avoid red (PP was red once and
+# read as exposed time). tests/dashboards/test_colors.py checks every figure keeps to it.
+EXPOSED = "#E45756"
 KIND_COLORS: dict[str, str] = {
     "compute": "#4C78A8",
     "memcpy": "#9D755D",
@@ -28,7 +32,7 @@ PAR_COLORS: dict[str, str] = {
     "DP": "#F58518",
     "DP_SHARD": "#FFBF79",
     "TP": "#B279A2",
-    "PP": "#E45756",
+    "PP": "#E377C2",
     "CP": "#72B7B2",
     "EP": "#54A24B",
     "WORLD": "#EECA3B",
@@ -37,7 +41,7 @@ PAR_COLORS: dict[str, str] = {
 }
 SPLIT_COLORS: dict[str, str] = {
     "compute": KIND_COLORS["compute"],
-    "exposed comm": "#E45756",
+    "exposed comm": EXPOSED,
     "memory copies": KIND_COLORS["memcpy"],
     "idle": "#D3D3D3",
 }
@@ -52,16 +56,16 @@ PATH_COLORS: dict[str, str] = {
     "idle": "#9A9A9A",
 }
 
-# Heatmap metrics: (label, source, column). Source "breakdown" is breakdown.table,
-# "stragglers" is stragglers.tables["by_step"].
-HEATMAP_METRICS: dict[str, tuple[str, str, str]] = {
-    "compute_ns": ("compute time (union of compute)", "breakdown", "compute_ns"),
-    "window_ns": ("step time (window W)", "breakdown", "window_ns"),
-    "exposed_comm_ns": ("exposed communication", "breakdown", "exposed_comm_ns"),
-    "idle_ns": ("idle time", "breakdown", "idle_ns"),
-    "exposed_wait_ns": ("waiting for late ranks", "stragglers", "exposed_wait_ns"),
+BUBBLE_COLORS: dict[str, str] = {  # greys: a bubble is a stage's idle time
+    "measured": "#7F7F7F",
+    "closed form": "#C7C7C7",
+    "warm-up": "#BDBDBD",
+    "steady state": "#8C8C8C",
+    "cool-down": "#525252",
 }
-
+# More or less than the peers (compute imbalance, kernel slowdown): not communication.
+ABOVE, BELOW = "#2F4B7C", "#A0CBE8"
+SEVERITY_COLORS: dict[str, str] = {"critical": "#6A1B4D", "warning": "#B05A7A", "info": "#8C8C8C"}
 
 TRACE_TYPES = ("bar", "heatmap", "scatter")  # all the dashboard draws
 
@@ -120,6 +124,8 @@ def step_time(table: pl.DataFrame, max_lines: int = 16, max_markers: int = 300) 
     to start and absent in browsers without a GPU. Markers only up to `max_markers`."""
     if table.is_empty():
         return empty("no steps in this run")
+    if table["step"].n_unique() == 1:
+        return _one_step(table)
     fig = go.Figure()
     ranks = table["rank"].unique().sort().to_list()
     mode = "lines+markers" if table.height <= max_markers else "lines"
@@ -161,6 +167,29 @@ def step_time(table: pl.DataFrame, max_lines: int = 16, max_markers: int = 300) 
     return styled(fig, "Step time per rank")
 
 
+def _one_step(table: pl.DataFrame) -> go.Figure:
+    """A run with one profiled step: its time per rank as labelled bars (a line over one x
+    is a column of dots). customdata is [rank, step], what a click opens."""
+    rows = table.sort("rank")
+    step = int(rows["step"][0])
+    ms = (rows["window_ns"] / MS).to_list()
+    fig = go.Figure(
+        go.Bar(
+            x=rows["rank"].to_list(),
+            y=ms,
+            name=f"step {step}",
+            text=[f"{v:.3g}" for v in ms],
+            textposition="outside",
+            marker={"color": KIND_COLORS["compute"], "line": {"width": 0}},
+            customdata=[[r, step] for r in rows["rank"].to_list()],
+            hovertemplate=f"rank %{{x}}<br>step {step}: %{{y:.2f}} ms<extra></extra>",
+        )
+    )
+    rank_axis(fig, rows.height)
+    fig.update_yaxes(title="step time (ms)", rangemode="tozero")
+    return styled(fig, f"Step time per rank (one profiled step: step {step})")
+
+
 def time_split(by_rank: pl.DataFrame) -> go.Figure:
     """Where each rank's time went over the run: an exclusive split of W (breakdown.by_rank).
 
@@ -200,144 +229,3 @@ def rank_axis(fig: go.Figure, n: int) -> None:
     """Ranks on a numeric x axis: horizontal labels at any rank count (64 category labels
     would be turned on their side, and the figure drawn twice to make room for them)."""
     fig.update_xaxes(title="rank", dtick=1 if n <= 24 else None, tickformat="d")
-
-
-def comm_share(by_step: pl.DataFrame, by_par: pl.DataFrame, step: int) -> go.Figure:
-    """One step per rank: compute share, communication share per parallelism, idle share.
-
-    Communication of different parallelisms can run at once and under compute, so the bars
-    stand side by side: each is |M_x| / |W| (breakdown.by_parallelism), not an exclusive split.
-    """
-    steps = by_step.filter(pl.col("step") == step).sort("rank")
-    if steps.is_empty():
-        return empty(f"no step {step} in this run")
-    x = steps["rank"].to_list()
-    fig = go.Figure()
-    fig.add_trace(
-        go.Bar(
-            x=x,
-            y=(steps["compute_share"] * 100).to_list(),
-            name="compute",
-            marker={"color": SPLIT_COLORS["compute"], "line": {"width": 0}},
-        )
-    )
-    par = by_par.filter(pl.col("step") == step)
-    for p in sorted(par["parallelism"].unique().to_list()):
-        part = steps.select("rank").join(
-            par.filter(pl.col("parallelism") == p), on="rank", how="left"
-        )
-        fig.add_trace(
-            go.Bar(
-                x=x,
-                y=(part["comm_share"].fill_null(0) * 100).to_list(),
-                name=f"{p} comm",
-                marker={"color": PAR_COLORS.get(p, PAR_COLORS["OTHER"]), "line": {"width": 0}},
-            )
-        )
-    fig.add_trace(
-        go.Bar(
-            x=x,
-            y=(steps["idle_share"] * 100).to_list(),
-            name="idle",
-            marker={"color": SPLIT_COLORS["idle"], "line": {"width": 0}},
-        )
-    )
-    # Side by side, not stacked: the shares overlap (comm under compute, DP beside PP), so a
-    # stack would pass 100% and read as an exclusive split (time_split is that one).
-    fig.update_layout(barmode="group", hovermode="x")
-    rank_axis(fig, len(x))
-    fig.update_yaxes(title="% of step time (shares overlap)", range=[0, 100])
-    return styled(fig, f"Communication share by parallelism, step {step}")
-
-
-def heatmap(table: pl.DataFrame, metric: str, focus_rank: int | None = None) -> go.Figure:
-    """Ranks x steps of one per-step metric: a straggler or a slow stage is a hot row."""
-    label, _, col = HEATMAP_METRICS[metric]
-    if table.is_empty() or col not in table.columns:
-        return empty(f"no {label} for this run")
-    wide = table.select("rank", "step", col).pivot(on="step", index="rank", values=col).sort("rank")
-    steps = [c for c in wide.columns if c != "rank"]
-    ranks = wide["rank"].to_list()
-    # Rounded to the ns the values are counted in: float noise only lengthens the JSON.
-    z = [
-        [None if v is None else round(v / MS, 6) for v in row] for row in wide.select(steps).rows()
-    ]
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            x=[str(s) for s in steps],
-            y=[f"r{r}" for r in ranks],
-            colorscale="YlOrRd",
-            colorbar={"title": "ms"},
-            hovertemplate="%{y} step %{x}: %{z:.2f} ms<extra></extra>",
-        )
-    )
-    if focus_rank is not None and focus_rank in ranks:
-        i = ranks.index(focus_rank)
-        fig.add_shape(
-            type="rect",
-            xref="paper",
-            x0=0,
-            x1=1,
-            y0=i - 0.5,
-            y1=i + 0.5,
-            line={"color": "black", "width": 2},
-        )
-    fig.update_xaxes(title="step", type="category")
-    fig.update_yaxes(title="rank", autorange="reversed", type="category")
-    return styled(
-        fig, f"Ranks x steps: {label}", height=max(300, 150 + 18 * len(ranks)), r=110, t=60, b=70
-    )
-
-
-def finding_rows(findings: tuple[Finding, ...] | list[Finding]) -> list[dict[str, Any]]:
-    """Findings as table rows, most costly first (the order build_report gave them)."""
-    rows = []
-    for i, f in enumerate(findings, 1):
-        rows.append(
-            {
-                "#": i,
-                "severity": f.severity.value,
-                "code": f.code,
-                "at stake (ms/step)": round(f.time_at_stake_ns / MS, 2),
-                "ranks": ", ".join(str(r) for r in f.ranks[:16])
-                + (" ..." if len(f.ranks) > 16 else ""),
-                "message": f.message,
-                "fix": f.fix,
-            }
-        )
-    return rows
-
-
-def findings_bar(findings: tuple[Finding, ...] | list[Finding], top: int = 8) -> go.Figure:
-    """The top findings by time at stake per step."""
-    index = [i for i, f in enumerate(findings) if f.time_at_stake_ns > 0][:top]
-    top_f = [findings[i] for i in index]
-    if not top_f:
-        return empty("no finding with time at stake")
-    fig = go.Figure(
-        go.Bar(
-            x=[f.time_at_stake_ns / MS for f in top_f][::-1],
-            y=[f"{f.code} {_ranks_label(f)}" for f in top_f][::-1],
-            orientation="h",
-            marker_color=["#E45756" if f.severity.value != "info" else "#F58518" for f in top_f][
-                ::-1
-            ],
-            hovertext=[f.message for f in top_f][::-1],
-            customdata=index[::-1],  # the finding's place in `findings`: a click opens it
-            hovertemplate="%{hovertext}<br>%{x:.2f} ms/step<extra></extra>",
-        )
-    )
-    fig.update_xaxes(title="time at stake (ms per step)")
-    width = 20 + 7 * max(len(label) for label in fig.data[0].y)  # ~7 px a character
-    return styled(
-        fig, "Top findings by time at stake", height=140 + 40 * len(top_f), l=min(width, 360)
-    )
-
-
-def _ranks_label(f: Finding) -> str:
-    if not f.ranks:
-        return ""
-    if len(f.ranks) == 1:
-        return f"(rank {f.ranks[0]})"
-    return f"({len(f.ranks)} ranks)"

@@ -9,7 +9,17 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 import polars as pl
-from ranklens.dashboards.figures import MS, PAR_COLORS, empty, styled
+from ranklens.dashboards.figures import (
+    ABOVE,
+    BELOW,
+    EXPOSED,
+    KIND_COLORS,
+    MS,
+    PAR_COLORS,
+    PATH_COLORS,
+    empty,
+    styled,
+)
 
 
 def comm_by_op(by_group: pl.DataFrame) -> go.Figure:
@@ -31,13 +41,13 @@ def comm_by_op(by_group: pl.DataFrame) -> go.Figure:
                 x=agg["key"].to_list(),
                 y=(agg["exposed_ns"] / MS).to_list(),
                 name="exposed",
-                marker_color="#E45756",
+                marker_color=EXPOSED,
             ),
             go.Bar(
                 x=agg["key"].to_list(),
                 y=(agg["hidden_ns"] / MS).to_list(),
                 name="hidden under compute",
-                marker_color="#72B7B2",
+                marker_color=KIND_COLORS["comm"],
             ),
         ]
     )
@@ -77,14 +87,14 @@ def wait_transfer(by_rank: pl.DataFrame) -> go.Figure:
             go.Bar(
                 x=x,
                 y=(by_rank["exposed_wait_ns"] / MS).to_list(),
-                name="wait",
-                marker_color="#E45756",
+                name="exposed: waiting for late ranks",
+                marker_color=EXPOSED,
             ),
             go.Bar(
                 x=x,
                 y=(by_rank["exposed_transfer_ns"] / MS).to_list(),
-                name="transfer",
-                marker_color="#4C78A8",
+                name="exposed: transferring",
+                marker_color=PATH_COLORS["comm_transfer"],
             ),
         ]
     )
@@ -162,8 +172,8 @@ def late_ranks(by_rank: pl.DataFrame) -> go.Figure:
             go.Bar(
                 x=x,
                 y=(by_rank["caused_wait_ns"] / MS).to_list(),
-                name="others waited for it",
-                marker_color="#E45756",
+                name="others waited for it (their exposed comm)",
+                marker_color=EXPOSED,
                 customdata=by_rank["late_count"].to_list(),
                 hovertemplate="%{x}: %{y:.2f} ms caused, late in %{customdata} "
                 "collectives<extra></extra>",
@@ -221,7 +231,7 @@ def imbalance(by_rank: pl.DataFrame) -> go.Figure:
         go.Bar(
             x=[f"r{r}" for r in rows["rank"].to_list()],
             y=vals,
-            marker_color=["#E45756" if v > 0 else "#4C78A8" for v in vals],
+            marker_color=[ABOVE if v > 0 else BELOW for v in vals],
         )
     )
     fig.update_yaxes(title="% vs peers' median")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import polars as pl
 from ranklens.analysis import Result
-from ranklens.dashboards.figures import MS, empty, styled
+from ranklens.dashboards.figures import ABOVE, BELOW, KIND_COLORS, MS, empty, styled
 
 
 def slowdown(res: Result, top: int = 15) -> go.Figure:
@@ -34,7 +34,7 @@ def slowdown(res: Result, top: int = 15) -> go.Figure:
             orientation="h",
             text=[f"{v:+.0f}%" for v in slow][::-1],
             textposition="outside",
-            marker_color=["#E45756" if v > 0 else "#4C78A8" for v in slow][::-1],
+            marker_color=[ABOVE if v > 0 else BELOW for v in slow][::-1],
             customdata=list(
                 zip(
                     rows["n_matched"].fill_null(0).to_list(),
@@ -78,7 +78,7 @@ def comm_slowdown(comm: pl.DataFrame, top: int = 15) -> go.Figure:
             orientation="h",
             text=[f"{v:+.0f}%" for v in slow][::-1],
             textposition="outside",
-            marker_color="#F58518",
+            marker_color=KIND_COLORS["comm"],
         )
     )
     fig.update_xaxes(title="time lost (ms, all steps); label: slowdown")

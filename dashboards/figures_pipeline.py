@@ -7,9 +7,11 @@ exactly where the analysis counts them, without the dashboard computing any gap 
 
 from __future__ import annotations
 
+from typing import Any
+
 import plotly.graph_objects as go
 import polars as pl
-from ranklens.dashboards.figures import MS, empty, styled
+from ranklens.dashboards.figures import BUBBLE_COLORS, MS, empty, styled
 
 PHASE_COLORS: dict[str, str] = {
     "F": "#4C78A8",
@@ -87,7 +89,7 @@ def bubble_by_stage(stages: pl.DataFrame) -> go.Figure:
                 x=x,
                 y=stages["bubble_fraction"].to_list(),
                 name="measured",
-                marker_color="#E45756",
+                marker_color=BUBBLE_COLORS["measured"],
                 texttemplate="%{y:.3f}",
                 textposition="outside",
             ),
@@ -95,7 +97,7 @@ def bubble_by_stage(stages: pl.DataFrame) -> go.Figure:
                 x=x,
                 y=stages["closed_form"].to_list(),
                 name="closed form",
-                marker_color="#A0A0A0",
+                marker_color=BUBBLE_COLORS["closed form"],
                 texttemplate="%{y:.3f}",
                 textposition="outside",
             ),
@@ -112,14 +114,69 @@ def bubble_phases(stages: pl.DataFrame) -> go.Figure:
         return empty("no pipeline stages")
     x = [f"stage {s}" for s in stages["stage"].to_list()]
     fig = go.Figure()
-    for col, name, color in (
-        ("warmup_bubble_ns", "warm-up", "#FF9DA6"),
-        ("steady_bubble_ns", "steady state", "#E45756"),
-        ("cooldown_bubble_ns", "cool-down", "#9D755D"),
+    for col, name in (
+        ("warmup_bubble_ns", "warm-up"),
+        ("steady_bubble_ns", "steady state"),
+        ("cooldown_bubble_ns", "cool-down"),
     ):
+        color = BUBBLE_COLORS[name]
         fig.add_trace(
             go.Bar(x=x, y=(stages[col].fill_null(0) / MS).to_list(), name=name, marker_color=color)
         )
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title="bubble (ms, all steps)")
     return styled(fig, "Bubble by phase")
+
+
+# The excess-bubble terms (analysis.pipeline_model), what a negative value of each means.
+TERMS: tuple[tuple[str, str, str], ...] = (
+    (
+        "imbalance_ns",
+        "stage imbalance",
+        "the stages' different speeds happened to shorten the "
+        "replay (the slow stage's extra time fell where others waited anyway)",
+    ),
+    (
+        "microbatch_variance_ns",
+        "micro-batch variance",
+        "the slower micro-batches fell where they stalled no other stage",
+    ),
+    ("p2p_ns", "p2p", "transfers overlapped waits the replay already had"),
+    (
+        "order_ns",
+        "block order",
+        "the observed block order packs tighter than the textbook schedule the closed form assumes",
+    ),
+    (
+        "unexplained_ns",
+        "unexplained",
+        "the measured bubble is smaller than the replay of the "
+        "measured blocks: blocks overlap on the stage (communication under compute) or their "
+        "ranges include part of the waits",
+    ),
+)
+
+
+def heavy_stage_line(row: dict[str, Any]) -> str | None:
+    """The schedule row's heavy stage in words (pipeline.tables["schedule"] row), or None."""
+    if row.get("heavy_stage") is None:
+        return None
+    ratio = row.get("busy_max_over_mean")
+    return f"heavy stage: stage {row['heavy_stage']} (rank {row['heavy_rank']})" + (
+        f", {ratio:.2f}x the mean busy time of the stages" if ratio is not None else ""
+    )
+
+
+def decomposition_lines(row: dict[str, Any]) -> tuple[str, list[str]]:
+    """The excess bubble's terms in ms ('stage imbalance 3.21 ms, ...') and, for each negative
+    term, what it means: the terms are replays that differ by one assumption each, so a term
+    is negative when its cause gave time back; they still add up to the excess."""
+    parts, notes = [], []
+    for col, label, negative in TERMS:
+        v = row.get(col)
+        if v is None:
+            continue
+        parts.append(f"{label} {v / MS:.2f} ms")
+        if v < -0.005 * MS:  # below 5 µs: rounding, not a cause
+            notes.append(f"{label} is negative ({v / MS:.2f} ms): {negative}")
+    return ", ".join(parts), notes

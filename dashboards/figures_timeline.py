@@ -13,7 +13,9 @@ Why it looks the way it does, all for the browser's time on every pan and zoom:
 * margins that fit the title, legend and labels: plotly grows a margin that is too small by
   drawing the whole figure again.
 
-Times are ms since the run's origin; layers (what is drawn) come from timeline_layers.py.
+Times are ms since the run's origin; y is rows (a lane has as many as slices ever overlap on
+it). Layers (the window's events) come from timeline_layers.py, marks drawn over them (steps,
+outlines, flows, the critical path) from timeline_marks.py.
 """
 
 from __future__ import annotations
@@ -26,17 +28,28 @@ import numpy.typing as npt
 import polars as pl
 from ranklens.analysis.timeline import Window
 from ranklens.dashboards.figures import MS, empty, template
-from ranklens.dashboards.timeline_layers import Floats, Layer, lanes, layers, path_lines
+from ranklens.dashboards.timeline_layers import Floats, LaneMap, Layer, layers, placed, window_lanes
+from ranklens.dashboards.timeline_marks import (
+    Marks,
+    flow_arrows,
+    name_matches,
+    outline,
+    path_lines,
+    place,
+    step_lines,
+)
 
 HOVER: dict[str, str] = {
-    "events": "%{customdata[3]}<br>rank %{customdata[0]} · start %{customdata[4]:.3f} ms"
-    " · %{customdata[5]:.3f} ms<extra>%{customdata[6]}</extra>",
+    "events": "%{customdata[3]}<br>rank %{customdata[0]} · step %{customdata[8]}"
+    " · start %{customdata[4]:.3f} ms · %{customdata[5]:.3f} ms<extra>%{customdata[6]}</extra>",
     "buckets": "%{customdata[1]:.3f} ms busy in this bucket, %{customdata[0]} events"
     "<extra>%{customdata[2]}</extra>",
 }
 HOVER_POINTS = 40  # hover points across the window's width (one every ~30 px)
 HOVER_EXTRA = 3000  # at most this many more hover points than rectangles
-MAX_LANE_LABELS = 64  # past this many lanes, one y label per rank
+MAX_LANE_LABELS = 128  # past this many lanes (or rows squeezed), one y label per rank
+ROW_PX, MAX_HEIGHT = 16, 2000  # pixels per row, and the figure's height at most
+SEARCH_COLOR, SELECT_COLOR = "#D6007E", "#00A0E0"
 
 
 def typed(values: Floats) -> dict[str, str]:
@@ -94,18 +107,15 @@ def hover_points(
     return x0[idx] + (k + 0.5) * ((x1 - x0) / n)[idx], y[idx], idx
 
 
-def lane_ticks(lane_list: list[tuple[int, int]]) -> dict[str, list[Any]]:
-    """Y tick labels: one per lane ("r3 · 7": rank 3, stream 7) while they fit, else one per
-    rank at its first lane (hundreds of labels a few pixels apart are unreadable, and plotly
-    measures each one)."""
-    if len(lane_list) <= MAX_LANE_LABELS:
-        return {
-            "tickvals": list(range(len(lane_list))),
-            "ticktext": [f"r{r} · {s}" for r, s in lane_list],
-        }
+def lane_ticks(lm: LaneMap) -> dict[str, list[Any]]:
+    """Y tick labels at each lane's top row ("r3 · python 7393", "r3 · stream 7") while rows
+    keep their full height, else one per rank at its first lane (hundreds of labels a few
+    pixels apart are unreadable, and plotly measures each one)."""
+    if len(lm.keys) <= MAX_LANE_LABELS and ROW_PX * lm.n_rows <= MAX_HEIGHT - 140:
+        return {"tickvals": list(lm.top), "ticktext": list(lm.labels)}
     first: dict[int, int] = {}
-    for i, (r, _) in enumerate(lane_list):
-        first.setdefault(r, i)
+    for i, (r, _) in enumerate(lm.keys):
+        first.setdefault(r, lm.top[i])
     return {"tickvals": list(first.values()), "ticktext": [f"r{r}" for r in first]}
 
 
@@ -114,25 +124,39 @@ def timeline(
     t0_ns: int,
     highlight: pl.DataFrame | None = None,
     path: pl.DataFrame | None = None,
+    lanes: LaneMap | None = None,
+    marks: Marks | None = None,
 ) -> dict[str, Any]:
-    """The window as lanes (rank, stream) x time, as plotly JSON (what dcc.Graph takes);
-    `highlight` rows (rank, stream, start_ns, end_ns on the job clock) are outlined, e.g. one
-    collective instance on every rank; `path` (critical_path rows) is drawn over the lanes."""
-    lane_list = lanes(win)
-    if not lane_list:
-        out = empty("no device activity in this window").to_plotly_json()
+    """The window as lanes (rank, stream) x time, as plotly JSON (what dcc.Graph takes).
+
+    `lanes`: the run's lanes on the shown ranks (timeline_layers.lane_map), the same at every
+    zoom; None: the window's own. `highlight` rows (rank, stream, start_ns, end_ns on the job
+    clock) are outlined, e.g. one collective instance on every rank or a finding's evidence;
+    `path` (critical_path rows) is drawn over the lanes; `marks`: step boundaries, search
+    matches, the selected event and its launch/kernel flows."""
+    lm = lanes if lanes is not None else window_lanes(win)
+    marks = marks or Marks()
+    if not lm.keys:
+        out = empty("no activity in this window").to_plotly_json()
         assert isinstance(out, dict)
         return out
     view = ((win.start_ns - t0_ns) / MS, (win.end_ns - t0_ns) / MS)
-    layer_list = layers(win, lane_list, t0_ns)
+    ev = placed(win, lm)
+    layer_list = layers(win, lm, t0_ns, ev)
     spacing = hover_spacing([ly for ly in layer_list if ly.group], view)
     data = [_fill(ly) for ly in layer_list]
+    annotations: list[dict[str, Any]] = []
+    if marks.steps is not None:
+        lines, annotations = step_lines(marks.steps, lm, t0_ns, view)
+        data += lines
     for group in HOVER:
         members = [ly for ly in layer_list if ly.group == group]
         if members:
             data.append(_hover(group, members, view, spacing))
+    data += _marks(marks, win, ev, lm, t0_ns)
+    annotations += flow_arrows(marks.flows, ev, lm, t0_ns, view) if marks.flows is not None else []
     if path is not None:
-        data += _path(path, lane_list, t0_ns)
+        data += _path(path, lm, t0_ns)
     mode = (
         f"{win.events.height} events"
         if win.mode == "events"
@@ -140,8 +164,8 @@ def timeline(
     )
     layout = {
         "template": template(),
-        "height": min(1400, 140 + 22 * len(lane_list)),
-        "margin": {"l": 110, "r": 20, "t": 95, "b": 55},  # title + two rows of legend
+        "height": min(MAX_HEIGHT, 140 + ROW_PX * lm.n_rows),
+        "margin": {"l": 160, "r": 20, "t": 95, "b": 55},  # title + two rows of legend
         "title": {
             "text": f"Aligned timeline ({mode})",
             "x": 0.01,
@@ -165,39 +189,57 @@ def timeline(
         },
         "yaxis": {
             "tickmode": "array",
-            **lane_ticks(lane_list),
+            **lane_ticks(lm),
             "fixedrange": True,
-            "range": [len(lane_list) - 0.5, -0.5],
+            "range": [lm.n_rows - 0.5, -0.5],
             "showgrid": False,
             "zeroline": False,
             "ticklabeloverflow": "allow",
         },
-        "shapes": _outlines(highlight, lane_list, t0_ns),
+        "shapes": _outlines(highlight, ev, lm, t0_ns),
+        "annotations": annotations,
     }
     return {"data": data, "layout": layout}
 
 
-def _outlines(
-    highlight: pl.DataFrame | None, lane_list: list[tuple[int, int]], t0: int
+def _marks(
+    marks: Marks, win: Window, ev: pl.DataFrame, lm: LaneMap, t0: int
 ) -> list[dict[str, Any]]:
-    if highlight is None:
-        return []
-    index = {lane: i for i, lane in enumerate(lane_list)}
+    """Search matches and the selected event, outlined."""
     out = []
-    for row in highlight.iter_rows(named=True):
-        lane = index.get((int(row["rank"]), int(row["stream"])))
-        if lane is not None:
-            out.append(
-                {
-                    "type": "rect",
-                    "x0": (row["start_ns"] - t0) / MS,
-                    "x1": (row["end_ns"] - t0) / MS,
-                    "y0": lane - 0.5,
-                    "y1": lane + 0.5,
-                    "line": {"color": "black", "width": 3},
-                }
+    if marks.search:
+        found = (
+            name_matches(ev, marks.search).select(
+                "rank", "stream", pl.col("s").alias("start_ns"), pl.col("e").alias("end_ns")
             )
+            if win.mode == "events"
+            else marks.found
+        )
+        if found is not None and not found.is_empty():
+            at = place(found, ev, lm, t0)
+            out.append(outline(f"matches '{marks.search}'", SEARCH_COLOR, 2, at))
+    if marks.selected is not None and not marks.selected.is_empty():
+        out.append(outline("selected", SELECT_COLOR, 3, place(marks.selected, ev, lm, t0)))
     return out
+
+
+def _outlines(
+    highlight: pl.DataFrame | None, ev: pl.DataFrame, lm: LaneMap, t0: int
+) -> list[dict[str, Any]]:
+    if highlight is None or highlight.is_empty():
+        return []
+    at = place(highlight.select("rank", "stream", "start_ns", "end_ns"), ev, lm, t0)
+    return [
+        {
+            "type": "rect",
+            "x0": x0,
+            "x1": x1,
+            "y0": y0,
+            "y1": y1,
+            "line": {"color": "black", "width": 3},
+        }
+        for x0, x1, y0, y1 in at.select("x0", "x1", "y0", "y1").iter_rows()
+    ]
 
 
 def _fill(layer: Layer) -> dict[str, Any]:
@@ -241,10 +283,10 @@ def _hover(
     }
 
 
-def _path(path: pl.DataFrame, lane_list: list[tuple[int, int]], t0: int) -> list[dict[str, Any]]:
+def _path(path: pl.DataFrame, lm: LaneMap, t0: int) -> list[dict[str, Any]]:
     """The critical path: a dark chain through its segments (the order the step's time
     passes between ranks), each segment a line in its category's colour on top."""
-    lines, cx, cy = path_lines(path, lane_list, t0)
+    lines, cx, cy = path_lines(path, lm, t0)
     chain = {
         "type": "scatter",
         "x": cx,

@@ -34,6 +34,7 @@ SYNC_RE = re.compile(
     r"|cuStreamSynchronize|cuCtxSynchronize|cuEventSynchronize)"
 )
 
+# The one step marker of every format: classified `annotation` here, numbered by step_assign.
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 
 # Collective op names, normalized (from NCCL kernel names, `Collective name` args, c10d/gloo).

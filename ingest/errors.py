@@ -36,3 +36,7 @@ class NoTracesError(RanklensError):
 
 class DatabaseError(RanklensError):
     """The DuckDB file is missing, locked, or of another schema version."""
+
+
+class MixedFormatsError(RanklensError):
+    """One run holds files of several formats (Kineto traces and Nsight reports)."""

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 from ranklens.ingest.errors import NoTracesError, TraceFormatError
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep")
 # Files a run directory may hold beside its traces (capture's manifest, a generator's truth).
 NOT_TRACES = frozenset({"manifest.json", "truth.json"})
 
@@ -34,15 +33,16 @@ class Inputs:
     unreadable_dirs: list[str] = field(default_factory=list)
 
 
-def scan_inputs(inputs: Sequence[str | os.PathLike[str]]) -> Inputs:
-    """Expand directories, globs and files into a sorted list of trace files."""
+def scan_inputs(inputs: Sequence[str | os.PathLike[str]], suffixes: tuple[str, ...]) -> Inputs:
+    """Expand directories, globs and files into a sorted list of trace files (a directory's:
+    those with one of `suffixes`, the readers' (readers.trace_suffixes))."""
     files: list[str] = []
     found: set[str] = set()
     bad_dirs: list[str] = []
     for item in inputs:
         s = str(item)
         if os.path.isdir(s):
-            hits = _walk(s, bad_dirs)
+            hits = _walk(s, suffixes, bad_dirs)
             if not hits and len(inputs) > 1:  # (alone, "no trace files in DIR" below)
                 bad_dirs.append(f"{s}: the directory holds no trace file")
         elif any(ch in s for ch in "*?[") and not os.path.lexists(s):
@@ -63,16 +63,14 @@ def scan_inputs(inputs: Sequence[str | os.PathLike[str]]) -> Inputs:
     return Inputs(files, found - {f for f in map(str, inputs)}, bad_dirs)
 
 
-def _walk(top: str, bad_dirs: list[str]) -> list[str]:
+def _walk(top: str, suffixes: tuple[str, ...], bad_dirs: list[str]) -> list[str]:
     def onerror(exc: OSError) -> None:
         bad_dirs.append(f"{exc.filename}: cannot read the directory ({exc.strerror})")
 
     out: list[str] = []
     for root, _dirs, names in os.walk(top, onerror=onerror):
         out += [
-            os.path.join(root, f)
-            for f in names
-            if f.endswith(TRACE_SUFFIXES) and f not in NOT_TRACES
+            os.path.join(root, f) for f in names if f.endswith(suffixes) and f not in NOT_TRACES
         ]
     return out
 

@@ -21,12 +21,12 @@ import os
 import re
 import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import pyarrow as pa
 from ranklens.ingest import kineto_fast
+from ranklens.ingest._model import rank_from_name
 from ranklens.ingest.errors import NotATraceError, TraceFormatError
 from ranklens.ingest.gz import uncompressed
 from ranklens.ingest.inputs import check_readable
@@ -37,7 +37,6 @@ PIECE_BYTES = 16 * 1024 * 1024
 _BOUNDARY_RE = re.compile(rb"\}\s*,\s*\{")
 _HAS_DEVICE_RE = re.compile(rb'"cat"\s*:\s*"(?:kernel|gpu_memcpy|gpu_memset)"')
 _TRACE_EVENTS_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
-_RANK_IN_NAME_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
 class _PgConfig(msgspec.Struct):
@@ -96,11 +95,6 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _rank_from_name(path: str) -> int | None:
-    m = _RANK_IN_NAME_RE.search(Path(path).name)
-    return int(m.group(1)) if m else None
-
-
 def prepare(
     path: str,
     piece_bytes: int | None = None,
@@ -135,7 +129,7 @@ def _prepare_data(
         hdr, start, end, pieces = located
         has_device = _HAS_DEVICE_RE.search(mm, start, end) is not None
     dist = hdr.distributedInfo or _DistInfo()
-    rank = dist.rank if dist.rank is not None else _rank_from_name(path)
+    rank = dist.rank if dist.rank is not None else rank_from_name(path)
     if not abs(hdr.baseTimeNanoseconds or 0) < NS_LIMIT:
         raise _fail(path, f"baseTimeNanoseconds {hdr.baseTimeNanoseconds} is out of range")
     dev = hdr.deviceProperties[0] if hdr.deviceProperties else None

@@ -1,7 +1,9 @@
-"""Decoding Kineto files into the writer: serially for small runs, else in worker processes.
+"""The Kineto reader: its declaration (`READER`), and its files decoded into the writer,
+serially for small runs, else in worker processes.
 
-Why: files, and ~16 MB pieces of large files, decode independently; the main process stays the
-only DuckDB writer and keeps a bounded number of files and pieces in flight.
+Why a `load` of its own rather than a per-file `read`: files, and ~16 MB pieces of large files,
+decode independently; the main process stays the only DuckDB writer and keeps a bounded number
+of files and pieces in flight, staging each piece as it arrives instead of a whole rank.
 """
 
 from __future__ import annotations
@@ -11,23 +13,28 @@ import os
 from collections.abc import Callable, Generator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from typing import Any
 
 import pyarrow as pa
 from ranklens.ingest import kineto, lifecycle
+from ranklens.ingest._model import Batch, RankPart, Reader
 from ranklens.ingest.errors import RanklensError
-from ranklens.ingest.sink import Progress, Sink, file_size, is_file_error, unreadable
+from ranklens.ingest.sink import Sink, file_size, is_file_error, unreadable
 
 
 def _finish_file(
     sink: Sink, tid: int, prep: kineto.Prepared, rank: int, pieces: list[kineto.Piece]
 ) -> None:
     n = 0
+    groups: list[dict[str, Any]] = []
     for pc in pieces:
         n += pc.rows
         sink.add_threads(rank, pc.threads)
-        sink.groups += pc.groups
-    sink.groups += prep.groups
-    sink.add_rank(tid, prep.path, "kineto", prep.size_bytes, prep.sha256, rank, prep.info, n)
+        groups += pc.groups
+    part = RankPart(rank, prep.info, groups=[*groups, *prep.groups])
+    sink.finish_part(
+        tid, prep.path, READER.name, part, rank, n, size=prep.size_bytes, sha=prep.sha256
+    )
 
 
 def _serial_file(sink: Sink, tid: int, prep: kineto.Prepared, rank: int) -> None:
@@ -41,19 +48,21 @@ def _serial_file(sink: Sink, tid: int, prep: kineto.Prepared, rank: int) -> None
     _finish_file(sink, tid, prep, rank, pieces)
 
 
-def run_serial(
-    sink: Sink,
-    files: list[str],
-    progress: Progress | None,
-    done: int,
-    total: int,
-    tmp_root: str | None = None,
-) -> None:
-    for tid, f in enumerate(files):
+def load(batch: Batch) -> None:
+    """Read the batch's Kineto files: in this process, or in `batch.workers` processes."""
+    if batch.workers <= 1:
+        run_serial(batch)
+    else:
+        run_parallel(batch)
+
+
+def run_serial(batch: Batch) -> None:
+    sink = batch.sink
+    for tid, f in batch.files:
         prep = None
         try:
-            prep = kineto.prepare(f, tmp_root=tmp_root)
-            rank = sink.claim_rank(tid, f, prep.rank, prep.info)
+            prep = kineto.prepare(f, tmp_root=batch.scratch)
+            rank = sink.claim(tid, f, RankPart(prep.rank, prep.info))
             _serial_file(sink, tid, prep, rank)
         except RanklensError as err:
             sink.fail(tid, f, err, file_size(f))
@@ -64,20 +73,11 @@ def run_serial(
         finally:
             if prep is not None:
                 kineto.cleanup(prep)
-        done += file_size(f)
-        if progress:
-            progress(done, total)
+        batch.file_done(f)
 
 
-def run_parallel(
-    sink: Sink,
-    files: list[str],
-    n: int,
-    progress: Progress | None,
-    done: int,
-    total: int,
-    tmp_root: str | None = None,
-) -> None:
+def run_parallel(batch: Batch) -> None:
+    n = batch.workers
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["ranklens.ingest.kineto"])
     pool = ProcessPoolExecutor(
@@ -87,23 +87,16 @@ def run_parallel(
         initargs=(os.getpid(),),
     )
     try:
-        _run_pool(sink, pool, files, n, progress, done, total, tmp_root)
+        _run_pool(batch, pool)
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)  # only pieces already running finish
         raise
     pool.shutdown(wait=True)
 
 
-def _run_pool(
-    sink: Sink,
-    pool: ProcessPoolExecutor,
-    files: list[str],
-    n: int,
-    progress: Progress | None,
-    done: int,
-    total: int,
-    tmp_root: str | None,
-) -> None:
+def _run_pool(batch: Batch, pool: ProcessPoolExecutor) -> None:
+    sink, n, tmp_root = batch.sink, batch.workers, batch.scratch
+    files = [f for _tid, f in batch.files]
     # Files are prepared (hashed, inflated to temp files) at most `n` ahead of the one being
     # decoded, so temp disk and memory stay bounded however many ranks the run has.
     preps: list[Future[kineto.Prepared]] = []
@@ -118,12 +111,12 @@ def _run_pool(
     # first pieces are in flight, so that the workers decode while the main process writes.
     deferred: Callable[[], None] | None = None
     try:
-        for tid, f in enumerate(files):
-            prepare_upto(tid)
+        for i, (tid, f) in enumerate(batch.files):
+            prepare_upto(i)
             prep = None
             try:
-                prep = preps[tid].result()
-                rank = sink.claim_rank(tid, f, prep.rank, prep.info)
+                prep = preps[i].result()
+                rank = sink.claim(tid, f, RankPart(prep.rank, prep.info))
                 decoding = _parallel_file(sink, pool, tid, prep, rank, n)
                 next(decoding)  # this file's first pieces are now in flight
                 if deferred is not None:
@@ -145,9 +138,7 @@ def _run_pool(
             finally:
                 if prep is not None:
                     kineto.cleanup(prep)
-            done += file_size(f)
-            if progress:
-                progress(done, total)
+            batch.file_done(f)
         if deferred is not None:
             deferred()
     finally:
@@ -204,3 +195,13 @@ def _parallel_file(
     if first:  # no pieces at all
         yield
     return lambda: _finish_file(sink, tid, prep, rank, pieces)
+
+
+READER: Reader = Reader(
+    name="kineto",
+    title="Kineto",
+    unit="trace",
+    suffixes=(".json", ".json.gz"),
+    load=load,
+    carries_groups=True,  # distributedInfo.pg_config
+)

@@ -15,13 +15,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
-from ranklens.ingest import output, sanity
+from ranklens.ingest import output, readers, sanity
+from ranklens.ingest._model import Batch, Reader
 from ranklens.ingest.config import RunOptions
 from ranklens.ingest.crossrank import check_layout, finish_cross_rank
 from ranklens.ingest.errors import NoTracesError, RanklensError
-from ranklens.ingest.inputs import NOT_TRACES, TRACE_SUFFIXES, Inputs, scan_inputs
-from ranklens.ingest.kineto_schedule import run_parallel, run_serial
-from ranklens.ingest.nsys_inputs import split_formats
+from ranklens.ingest.inputs import NOT_TRACES, Inputs, scan_inputs
 from ranklens.ingest.post import finish_database
 from ranklens.ingest.schema import SCHEMA_VERSION, ddl
 from ranklens.ingest.sink import IngestReport, Progress, Sink, Skipped, file_size
@@ -29,7 +28,6 @@ from ranklens.ingest.tempfiles import private_dir
 
 __all__ = [
     "NOT_TRACES",
-    "TRACE_SUFFIXES",
     "IngestReport",
     "Progress",
     "Skipped",
@@ -44,7 +42,7 @@ _SERIAL_BELOW_BYTES = 24 * 1024 * 1024
 
 def find_traces(inputs: Sequence[str | os.PathLike[str]]) -> list[str]:
     """Expand directories, globs and files into a sorted list of trace files."""
-    return scan_inputs(inputs).files
+    return scan_inputs(inputs, readers.trace_suffixes()).files
 
 
 def load_traces(
@@ -79,8 +77,9 @@ def load_traces(
         raise ValueError("on_error must be 'raise' or 'skip'")
     if workers is not None and workers < 1:
         raise ValueError("workers must be at least 1")
-    found = scan_inputs(inputs)
-    files, notes = split_formats(found.files, allow_mixed=allow_mixed)
+    found = scan_inputs(inputs, readers.trace_suffixes())
+    routed, notes = readers.route(found.files, allow_mixed=allow_mixed)
+    files = [f for _reader, mine in routed for f in mine]
     out = Path(db_path)
     output.check_output(out, [*files, *map(str, inputs)])
     report = IngestReport(db_path=str(out), warnings=notes)
@@ -91,7 +90,7 @@ def load_traces(
         # Bound the writer's memory; DuckDB spills to a temp dir beside the output instead.
         con.execute(f"SET memory_limit = '{_memory_limit_mb(files)}MB'")
         try:
-            _ingest(con, files, found, report, on_error, workers, progress, options, scratch)
+            _ingest(con, routed, found, report, on_error, workers, progress, options, scratch)
             if finalize is not None:
                 finalize(con)
             con.execute("CHECKPOINT")
@@ -119,7 +118,7 @@ def _unreadable_dirs(found: Inputs, report: IngestReport, on_error: str) -> None
 
 def _ingest(
     con: duckdb.DuckDBPyConnection,
-    files: list[str],
+    routed: list[tuple[Reader, list[str]]],
     found: Inputs,
     report: IngestReport,
     on_error: str,
@@ -128,6 +127,7 @@ def _ingest(
     options: RunOptions | None,
     scratch: Path,
 ) -> None:
+    files = [f for _reader, mine in routed for f in mine]
     con.execute(ddl())
     now = datetime.now(timezone.utc).isoformat()
     con.executemany(
@@ -140,21 +140,25 @@ def _ingest(
         ],
     )
     sink = Sink(con, report, on_error, found=found.found)
-    kin = [f for f in files if not f.endswith((".sqlite", ".nsys-rep"))]
-    nsys = [f for f in files if f.endswith((".sqlite", ".nsys-rep"))]
     total = sum(file_size(f) for f in files) or 1
     done = 0
-    for tid, f in enumerate(nsys, start=len(kin)):
-        sink.nsys(tid, f)
-        done += file_size(f)
+
+    def file_done(path: str) -> None:
+        nonlocal done
+        done += file_size(path)
         if progress:
             progress(done, total)
-    big = sum(file_size(f) for f in kin) >= _SERIAL_BELOW_BYTES
+
     n = workers if workers is not None else min(os.cpu_count() or 1, 8)
-    if n <= 1 or not big:
-        run_serial(sink, kin, progress, done, total, str(scratch))
-    else:
-        run_parallel(sink, kin, n, progress, done, total, str(scratch))
+    batches: list[tuple[Reader, Batch]] = []
+    for reader, mine in routed:  # trace ids in READERS order
+        big = sum(file_size(f) for f in mine) >= _SERIAL_BELOW_BYTES
+        tids = list(enumerate(mine, start=sum(len(b.files) for _r, b in batches)))
+        batches.append((reader, Batch(sink, tids, n if big else 1, str(scratch), file_done)))
+    # Per-file readers first, then those scheduling their own workers (the order ingest always
+    # had, so that a mixed run's rank claims and messages stay as they were).
+    for reader, batch in sorted(batches, key=lambda rb: rb[0].load is not None):
+        readers.read_batch(reader, batch)
     if not sink.rank_of:
         reasons = "; ".join([s.message for s in report.skipped] + report.warnings)
         raise NoTracesError(
@@ -162,9 +166,8 @@ def _ingest(
         )
     check_layout(con, options)
     finish_database(con, sink.groups)
-    if nsys and not kin:
-        # Nsight has no process-group metadata: infer communicators from collective sequences.
-        # (Kineto runs carry pg_config/args; CPU gloo runs need per-thread attribution instead.)
+    if readers.infers_communicators(routed):
+        # No process-group metadata in any file: infer communicators from collective sequences.
         from ranklens.ingest.communicators import infer_communicators
 
         infer_communicators(con)

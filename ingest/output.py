@@ -19,10 +19,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from ranklens.ingest import readers
 from ranklens.ingest.database import is_database
 from ranklens.ingest.errors import RanklensError
-
-_TRACE_LIKE = (".json", ".json.gz", ".gz", ".sqlite", ".nsys-rep")
 
 
 class OutputError(RanklensError):
@@ -46,7 +45,7 @@ def check_output(out: Path, inputs: Sequence[str]) -> None:
         raise OutputError(f"{out}: {parent} is not a directory", "choose another output path")
     if os.path.lexists(out):
         _check_existing(out, inputs)
-    if out.name.endswith(_TRACE_LIKE):
+    if out.name.endswith((*readers.trace_suffixes(), ".gz")):  # any reader's, compressed or not
         raise OutputError(
             f"{out}: an output named like a trace would be read as one later",
             "name the database *.duckdb (e.g. -o run.duckdb)",

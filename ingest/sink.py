@@ -10,13 +10,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
-from ranklens.ingest import kineto, staging
-from ranklens.ingest._model import RankPart
+from ranklens.ingest import staging
+from ranklens.ingest._model import RankPart, ReadFile, rank_from_name
 from ranklens.ingest.errors import NotATraceError, RankError, RanklensError, TraceFormatError
 from ranklens.ingest.sanity import check_rank, check_times
 from ranklens.ingest.steps import write_rank
@@ -170,29 +169,50 @@ class Sink:
         if rows:
             self.con.executemany("INSERT INTO threads VALUES (?, ?, ?, ?)", sorted(rows))
 
-    def nsys(self, trace_id: int, path: str) -> None:
-        """Nsight reports: each may hold several ranks (one per process)."""
-        try:
-            from ranklens.ingest.nsys import read_nsys
+    def claim(self, trace_id: int, path: str, part: RankPart) -> int:
+        """Claim the rank `part` is of for `path` (the file name's rank when the part does not
+        say); a RankError when neither tells, or another file has it."""
+        rank = part.rank if part.rank is not None else rank_from_name(path)
+        return self.claim_rank(trace_id, path, rank, part.info)
 
-            parts: list[RankPart] = read_nsys(Path(path), trace_id)
-            for part in parts:
-                rank = self.claim_rank(
-                    trace_id,
-                    path,
-                    part.rank if part.rank is not None else kineto._rank_from_name(path),
-                    part.info,
-                )
-                n = 0
-                while part.events:  # each table let go once staged (packed: staging.py)
-                    t = _with_rank(part.events.pop(0), rank, trace_id)
-                    self.add_events(t, path)
-                    n += t.num_rows
-                    del t
-                self.add_rank(trace_id, path, "nsys", file_size(path), None, rank, part.info, n)
-                self.add_threads(rank, part.threads)
-                self.groups += part.groups
-                self.report.warnings += [f"{path}: {w}" for w in part.warnings]
+    def add_part(
+        self, trace_id: int, path: str, fmt: str, part: RankPart, *, size: int, sha: str | None
+    ) -> None:
+        """One rank of a file, whole: claimed, its events staged, then written."""
+        rank = self.claim(trace_id, path, part)
+        n = 0
+        while part.events:  # each table let go once staged (packed: staging.py)
+            t = _with_rank(part.events.pop(0), rank, trace_id)
+            self.add_events(t, path)
+            n += t.num_rows
+            del t
+        self.finish_part(trace_id, path, fmt, part, rank, n, size=size, sha=sha)
+
+    def finish_part(
+        self,
+        trace_id: int,
+        path: str,
+        fmt: str,
+        part: RankPart,
+        rank: int,
+        n_events: int,
+        *,
+        size: int,
+        sha: str | None,
+    ) -> None:
+        """Write a claimed rank whose events are staged (by add_part, or piece by piece by a
+        reader that schedules its own decoding), with its threads, groups and warnings."""
+        self.add_rank(trace_id, path, fmt, size, sha, rank, part.info, n_events)
+        self.add_threads(rank, part.threads)
+        self.groups += part.groups
+        self.report.warnings += [f"{path}: {w}" for w in part.warnings]
+
+    def read_file(self, trace_id: int, path: str, fmt: str, read: ReadFile) -> None:
+        """Read one file with a per-file reader (it may hold several ranks); a bad file is
+        recorded or raised (fail)."""
+        try:
+            for part in read(path, trace_id):
+                self.add_part(trace_id, path, fmt, part, size=file_size(path), sha=None)
         except RanklensError as err:
             self.fail(trace_id, path, err, file_size(path))
         except Exception as exc:

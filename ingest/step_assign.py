@@ -16,14 +16,13 @@ that takes well under a millisecond here. Rules (unchanged):
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from ranklens.ingest.classify import STEP_RE
 
-_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _WORK = ("compute", "comm", "memcpy", "memset")
 _TRACE_KINDS = (*_WORK, "cpu_op", "runtime", "sync")
 _COLUMNS = {
@@ -131,7 +130,7 @@ def _cpu_steps(
     cand = pc.cast(names.take(pa.array(rows)), pa.string()).to_pylist()
     spans: dict[int, list[int]] = {}
     for r, name in zip(rows.tolist(), cand, strict=True):
-        m = _STEP_RE.match(name or "")
+        m = STEP_RE.match(name or "")
         if m is None:
             continue
         s = spans.setdefault(int(m.group(1)), [_BIG, _SMALL])

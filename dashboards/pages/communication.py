@@ -88,7 +88,7 @@ def layout(rank: Any = None, step: Any = None, **_: Any) -> html.Div:
         html.Div(
             [
                 dcc.Graph(id="communication-busbw", figure=figs.busbw(co.table), config=graph),
-                ui.table(co.table, "communication-collectives-table"),
+                ui.run_table(data, co.table, "communication-collectives-table"),
             ]
         )
         if co is not None

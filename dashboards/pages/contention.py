@@ -68,11 +68,11 @@ def stragglers_section(data: RunData, rank: int | None) -> list[Any]:
         ),
         dcc.Graph(id="contention-skew", figure=figs.skew(res.tables["by_instance"]), config=graph),
         html.H4("Per rank"),
-        ui.table(res.table, "contention-stragglers-table"),
+        ui.run_table(data, res.table, "contention-stragglers-table"),
         html.H4(
             "Collectives by arrival skew" + (f" (late rank {rank})" if rank is not None else "")
         ),
-        ui.table(inst.sort("skew_ns", descending=True).head(200), "contention-skew-table"),
+        ui.run_table(data, inst, "contention-skew-table", sort_by="skew_ns"),
     ]
 
 
@@ -100,17 +100,13 @@ def contention_section(data: RunData) -> list[Any]:
             style={"display": "flex", "flexWrap": "wrap", "gap": "8px"},
         )
     ]
-    for f in res.findings:
+    for f in (f for f in data.report().findings if f.code.startswith("CONTENTION_")):
         out.append(
             html.Div([html.B(f.code + ": "), f.message, html.Br(), "fix: " + f.fix], style=ui.CARD)
         )
     out.append(html.H4("Kernel classes (alone vs overlapped)"))
     out.append(
-        ui.table(
-            res.table.sort("time_lost_ns", descending=True, nulls_last=True),
-            "contention-table",
-            max_rows=50,
-        )
+        ui.run_table(data, res.table, "contention-table", max_rows=50, sort_by="time_lost_ns")
     )
     return out
 

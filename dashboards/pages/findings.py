@@ -6,22 +6,20 @@ timeline window that shows it so the user can see the evidence. Deep link: `/fin
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import dash
 from dash import dcc, html
 from ranklens.analysis import Finding
 from ranklens.dashboards import components as ui
-from ranklens.dashboards import whatif_panel
+from ranklens.dashboards import tables, whatif_panel
 from ranklens.dashboards.data import RunData, current
-from ranklens.dashboards.figures import MS
-from ranklens.dashboards.pages.timeline import all_steps, step_window
+from ranklens.dashboards.figures import MS, SEVERITY_COLORS
+from ranklens.dashboards.timeline_view import all_steps, step_window
 
 PATH = "/findings"
 NAME = "Findings"  # its link in the page bar
 TITLE = "ranklens · findings"  # in the browser tab
-_SEVERITY_COLORS = {"critical": "#B00020", "warning": "#E45756", "info": "#4C78A8"}
 
 
 def register(app: dash.Dash) -> None:
@@ -61,8 +59,8 @@ def card(data: RunData, i: int, f: Finding) -> html.Div:
         facts.append(f"steps {', '.join(map(str, f.steps))}")
     if f.value is not None:
         facts.append(
-            f"value {f.value:.4g}"
-            + (f" (threshold {f.threshold:.4g})" if f.threshold is not None else "")
+            f"value {tables.num(f.value)}"
+            + (f" (threshold {tables.num(f.threshold)})" if f.threshold is not None else "")
         )
     return html.Div(
         [
@@ -73,7 +71,7 @@ def card(data: RunData, i: int, f: Finding) -> html.Div:
                         sev,
                         style={
                             "color": "white",
-                            "background": _SEVERITY_COLORS[sev],
+                            "background": SEVERITY_COLORS[sev],
                             "padding": "1px 6px",
                             "borderRadius": "4px",
                         },
@@ -86,7 +84,12 @@ def card(data: RunData, i: int, f: Finding) -> html.Div:
             html.Div([html.B("Fix: "), f.fix], className="finding-fix"),
             html.Div(" · ".join(facts), style={"color": "#555", "fontSize": "13px"}),
             html.Details(
-                [html.Summary("evidence"), html.Pre(json.dumps(f.evidence, indent=1, default=str))]
+                [
+                    html.Summary("evidence"),
+                    ui.evidence(
+                        f.evidence, f"finding-{i}-evidence", data.report().facts.get("groups")
+                    ),
+                ]
             )
             if f.evidence
             else None,

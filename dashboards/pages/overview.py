@@ -16,6 +16,7 @@ import polars as pl
 from dash import Input, Output, State, ctx, dcc, html
 from ranklens.dashboards import components as ui
 from ranklens.dashboards import figures
+from ranklens.dashboards import figures_overview as ofigs
 from ranklens.dashboards.data import RunData, current
 from ranklens.dashboards.pages.findings import timeline_link
 
@@ -44,8 +45,12 @@ def click_href(data: RunData, graph: str, click: Any, step: int | None) -> str |
         return timeline_link(data, found[i]) if i is not None and 0 <= i < len(found) else None
     if graph == "overview-heatmap":
         rank, step = ui.parse_int(str(point.get("y", "")).lstrip("r")), ui.parse_int(point.get("x"))
-    elif graph == "overview-step-time":
-        rank, step = ui.parse_int(point.get("customdata")), ui.parse_int(point.get("x"))
+    elif graph == "overview-step-time":  # lines: customdata rank, x step; bars: [rank, step]
+        cd = point.get("customdata")
+        if isinstance(cd, list) and len(cd) == 2:
+            rank, step = ui.parse_int(cd[0]), ui.parse_int(cd[1])
+        else:
+            rank, step = ui.parse_int(cd), ui.parse_int(point.get("x"))
     else:  # per-rank bars: x is the rank; the share chart's step is its menu's
         rank = ui.parse_int(point.get("x"))
         step = step if graph == "overview-share" else None
@@ -98,7 +103,7 @@ def register(app: dash.Dash) -> None:
 
 def heatmap_table(data: RunData, metric: str) -> pl.DataFrame | None:
     """The analysis table a heatmap metric comes from (None: analysis unavailable)."""
-    _, source, _ = figures.HEATMAP_METRICS[metric]
+    _, source, _ = ofigs.HEATMAP_METRICS[metric]
     res = data.result(source)
     if res is None:
         return None
@@ -106,12 +111,14 @@ def heatmap_table(data: RunData, metric: str) -> pl.DataFrame | None:
 
 
 def heatmap_figure(data: RunData, metric: str, focus: int | None) -> go.Figure:
-    if metric not in figures.HEATMAP_METRICS:
+    if metric not in ofigs.HEATMAP_METRICS:
         metric = "compute_ns"
     table = heatmap_table(data, metric)
     if table is None:
-        return figures.empty(f"the {figures.HEATMAP_METRICS[metric][1]} analysis is not available")
-    return figures.heatmap(table, metric, focus)
+        return figures.empty(f"the {ofigs.HEATMAP_METRICS[metric][1]} analysis is not available")
+    report = data.report()
+    named = ofigs.named_ranks(report.findings, len(report.facts.get("ranks") or []))
+    return ofigs.heatmap(table, metric, focus, named)
 
 
 def share_figure(data: RunData, step: int | None) -> go.Figure:
@@ -122,7 +129,7 @@ def share_figure(data: RunData, step: int | None) -> go.Figure:
     if not steps:
         return figures.empty("no steps in this run")
     chosen: int = step if step is not None and step in steps else steps[0]
-    return figures.comm_share(res.table, res.tables["by_parallelism"], chosen)
+    return ofigs.comm_share(res.table, res.tables["by_parallelism"], chosen)
 
 
 def layout(rank: Any = None, step: Any = None, metric: Any = None, **_: Any) -> html.Div:
@@ -137,7 +144,7 @@ def layout(rank: Any = None, step: Any = None, metric: Any = None, **_: Any) -> 
     steps = res.table["step"].unique().sort().to_list()
     chosen = ui.parse_int(step)
     chosen = chosen if chosen in steps else (steps[0] if steps else None)
-    metrics = {k: v for k, v in figures.HEATMAP_METRICS.items() if data.result(v[1]) is not None}
+    metrics = {k: v for k, v in ofigs.HEATMAP_METRICS.items() if data.result(v[1]) is not None}
     metric = metric if metric in metrics else "compute_ns"
     report = data.report()
     graph: Any = {"displaylogo": False}
@@ -228,7 +235,11 @@ def layout(rank: Any = None, step: Any = None, metric: Any = None, **_: Any) -> 
                         id="overview-findings-bar",
                         config=graph,
                         figure=ui.figure(
-                            data, ("findings_bar",), lambda: figures.findings_bar(report.findings)
+                            data,
+                            ("findings_bar",),
+                            lambda: ofigs.findings_bar(
+                                report.findings, step_ns=ofigs.mean_step_ns(res.table)
+                            ),
                         ),
                     ),
                     html.Ul(

@@ -51,8 +51,16 @@ def gantt(data: RunData, res: Result, group: str, step: int | None) -> go.Figure
     windows = data.cached("step_windows", tl.step_windows).filter(pl.col("step") == step)
     windows = stages.select("rank", "stage").join(windows, on="rank", how="inner")
     return figs.gantt(
-        blocks, windows, data.extent().t0_ns, f"Micro-batch Gantt, PP group {group}, step {step}"
+        blocks,
+        windows,
+        data.extent().t0_ns,
+        f"Micro-batch Gantt, {label(data, group)}, step {step}",
     )
+
+
+def label(data: RunData, group: str) -> str:
+    """A PP group by its ranks ("PP [0, 4, 8, 12]"), as the report's facts name it."""
+    return str((data.report().facts.get("groups") or {}).get(str(group), f"PP group {group}"))
 
 
 def summary(res: Result, group: str, step: int | None) -> html.Div:
@@ -76,16 +84,24 @@ def summary(res: Result, group: str, step: int | None) -> html.Div:
         html.B(num(s["closed_form"]), id="pipeline-closed-form"),
         f" ({s['convention']})",
     ]
+    heavy = figs.heavy_stage_line(s)
+    if heavy is not None:
+        items += [html.Br(), html.Span(heavy, id="pipeline-heavy-stage")]
     if s.get("excess_ns") is not None:
+        terms, notes = figs.decomposition_lines(s)
         items += [
             html.Br(),
-            f"excess bubble {s['excess_ns'] / 1e6:.2f} ms per stage: stage imbalance "
-            f"{num((s['imbalance_ns'] or 0) / 1e6, '.2f')} ms, micro-batch variance "
-            f"{num((s['microbatch_variance_ns'] or 0) / 1e6, '.2f')} ms, p2p "
-            f"{num((s['p2p_ns'] or 0) / 1e6, '.2f')} ms, block order "
-            f"{num((s['order_ns'] or 0) / 1e6, '.2f')} ms, unexplained "
-            f"{num((s['unexplained_ns'] or 0) / 1e6, '.2f')} ms ({s['decomposition']})",
+            f"excess bubble {s['excess_ns'] / 1e6:.2f} ms per stage = {terms} "
+            f"({s['decomposition']})",
         ]
+        if notes:
+            items.append(
+                html.Ul(
+                    [html.Li(n) for n in notes],
+                    id="pipeline-negative-terms",
+                    style={"color": "#555", "margin": "4px 0"},
+                )
+            )
     return html.Div(items, style=ui.CARD)
 
 
@@ -121,13 +137,13 @@ def layout(step: Any = None, group: Any = None, **_: Any) -> html.Div:
             head,
             html.Div(
                 [
-                    html.Label("PP group "),
+                    html.Label("Pipeline "),
                     dcc.Dropdown(
                         id="pipeline-group",
                         value=chosen,
                         clearable=False,
-                        options=[{"label": g, "value": g} for g in groups],
-                        style={"width": "140px"},
+                        options=[{"label": label(data, g), "value": g} for g in groups],
+                        style={"width": "260px"},
                     ),
                     html.Label(" Step "),
                     dcc.Dropdown(
@@ -160,8 +176,8 @@ def layout(step: Any = None, group: Any = None, **_: Any) -> html.Div:
                 style={"display": "flex", "flexWrap": "wrap", "gap": "8px"},
             ),
             html.H4("Per stage (all steps)"),
-            ui.table(stages, "pipeline-stages-table"),
+            ui.run_table(data, stages, "pipeline-stages-table", sort_by=None),
             html.H4("Schedule and excess-bubble decomposition per step"),
-            ui.table(sched, "pipeline-schedule-table"),
+            ui.run_table(data, sched, "pipeline-schedule-table", sort_by=None),
         ]
     )

@@ -97,7 +97,7 @@ def test_findings_name_the_fix(ingest: Ingest) -> None:
     assert f.time_at_stake_ns == 60 * US and f.ranks == (0,)
     assert "NCCL" in f.fix and f.evidence["top_classes"][0]["name"] == "gemm"
     c = codes["CONTENTION_COMM_SLOWDOWN"]
-    assert c.time_at_stake_ns == 90 * US and "bubbles" in c.fix
+    assert c.time_at_stake_ns == 90 * US and "stagger" in c.fix
     m = codes["CONTENTION_MEMCPY_EXPOSED"]
     assert m.time_at_stake_ns == 50 * US and "prefetch" in m.fix
 

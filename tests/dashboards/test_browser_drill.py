@@ -43,13 +43,19 @@ def step_windows(app: LiveApp) -> pl.DataFrame:
         cur.close()
 
 
+# The label of the lane holding row y: a lane's label sits on its top row, and its nested
+# slices on the rows below, down to the next lane's.
+LANE_OF = """const gd = document.querySelector(arguments[0]);
+    const ticks = gd._fullLayout.yaxis.ticktext, vals = gd._fullLayout.yaxis.tickvals;
+    const laneOf = y => ticks[vals.reduce((k, v, i) => (v <= y + 1e-9 ? i : k), 0)];"""
+
+
 def outlines(browser: Any) -> list[dict[str, Any]]:
     """The outlined rectangles, each with the lane label it sits on."""
     return browser.execute_script(  # type: ignore[no-any-return]
-        """const gd = document.querySelector(arguments[0]);
-        const ticks = gd._fullLayout.yaxis.ticktext, vals = gd._fullLayout.yaxis.tickvals;
-        return (gd.layout.shapes || []).map(s => ({x0: s.x0, x1: s.x1,
-            lane: ticks[vals.indexOf(Math.round((s.y0 + s.y1) / 2))]}));""",
+        LANE_OF
+        + """return (gd.layout.shapes || []).map(s => ({x0: s.x0, x1: s.x1,
+            lane: laneOf(Math.round((s.y0 + s.y1) / 2))}));""",
         GRAPH,
     )
 
@@ -57,9 +63,9 @@ def outlines(browser: Any) -> list[dict[str, Any]]:
 def event_starts(browser: Any) -> list[list[Any]]:
     """(lane label, start ms) of every event the figure can name on hover."""
     return browser.execute_script(  # type: ignore[no-any-return]
-        """const gd = document.querySelector(arguments[0]);
-        return gd.data.filter(t => t.name === 'events' && t.customdata)
-            .flatMap(t => Array.from(t.customdata, c => ['r' + c[0] + ' · ' + c[1], c[4]]));""",
+        LANE_OF
+        + """const t = gd._fullData.find(t => t.name === 'events' && t.customdata);
+        return t ? Array.from(t.customdata, (c, i) => [laneOf(t.y[i]), c[4]]) : [];""",
         GRAPH,
     )
 

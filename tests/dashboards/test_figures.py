@@ -16,7 +16,13 @@ import polars as pl
 import pytest
 from ranklens.analysis import Finding, Result, Severity
 from ranklens.analysis import timeline as tl
-from ranklens.dashboards import figures, figures_comm, figures_contention, figures_pipeline
+from ranklens.dashboards import (
+    figures,
+    figures_comm,
+    figures_contention,
+    figures_overview,
+    figures_pipeline,
+)
 from ranklens.dashboards.app import create_app
 from ranklens.dashboards.data import RunData
 from ranklens.dashboards.pages import findings, overview, pipeline, sql
@@ -56,11 +62,42 @@ def test_step_time_past_max_lines_is_one_line_trace_with_a_gap_per_rank() -> Non
 
 
 def test_heatmap_rows_are_ranks_and_the_straggler_is_hot() -> None:
-    fig = figures.heatmap(by_step(), "compute_ns", focus_rank=3)
+    fig = figures_overview.heatmap(by_step(), "compute_ns", focus_rank=3, named=(1,))
     hm = fig.data[0]
     assert list(hm.y) == ["r0", "r1", "r2", "r3"] and list(hm.x) == ["1", "2"]
-    assert [list(r) for r in hm.z][3] == [40.0, 40.0]
-    assert len(fig.layout.shapes) == 1  # the focused rank is outlined
+    assert [list(r) for r in hm.customdata][3] == [40.0, 40.0]  # ms in the hover
+    # the colour is the share of the step (40 of 100 ms), on a fixed 0-100% scale
+    z = [list(r) for r in hm.z]
+    assert z[3] == [40.0, 40.0] and z[0] == [10.0, 10.0]
+    assert (hm.zmin, hm.zmax) == (0, 100) and "% of the step" in fig.layout.title.text
+    dashes = sorted(s.line.dash for s in fig.layout.shapes)
+    assert dashes == ["dot", "solid"]  # the finding's rank dotted, the focused rank solid
+
+
+def test_heatmap_of_step_time_is_relative_to_the_median_step() -> None:
+    t = by_step().with_columns(
+        window_ns=pl.when(pl.col("rank") == 3).then(pl.lit(102 * MS)).otherwise(100 * MS)
+    )
+    hm = figures_overview.heatmap(t, "window_ns").data[0]
+    assert [list(r) for r in hm.z][3] == pytest.approx([2.0, 2.0])  # 2% above the median
+    assert hm.zmax == 20.0  # a 2 ms difference on a 100 ms step stays pale
+
+
+def test_one_step_run_draws_bars_not_a_column_of_dots() -> None:
+    fig = figures.step_time(by_step().filter(pl.col("step") == 2))
+    (bar,) = fig.data
+    assert bar.type == "bar" and list(bar.x) == [0, 1, 2, 3] and list(bar.y) == [100.0] * 4
+    assert [list(c) for c in bar.customdata][1] == [1, 2]  # a click opens rank 1, step 2
+    assert "one profiled step: step 2" in fig.layout.title.text
+
+
+def test_findings_bar_says_when_the_bars_overlap() -> None:
+    fs = [Finding(c, Severity.WARNING, c, "", 60 * 1_000_000, ranks=(1,)) for c in "AB"]
+    fig = figures_overview.findings_bar(fs, step_ns=100 * MS)
+    assert "more than the 100 ms step" in fig.layout.title.text
+    assert fig.layout.shapes[0].x0 == 100.0  # the mean step drawn
+    alone = figures_overview.findings_bar(fs[:1], step_ns=100 * MS)
+    assert "more than" not in alone.layout.title.text
 
 
 def test_time_split_adds_up_to_the_window() -> None:
@@ -92,11 +129,13 @@ def test_comm_share_puts_overlapping_shares_side_by_side() -> None:
             "comm_share": [0.3, 0.2, 0.1],
         }
     )
-    fig = figures.comm_share(steps, par, 1)
+    fig = figures_overview.comm_share(steps, par, 1)
     assert [t.name for t in fig.data] == ["compute", "DP comm", "TP comm", "idle"]
     assert list(fig.data[2].y) == pytest.approx([10.0, 0.0])
     # overlapping shares are not stacked into a sum past 100%
     assert fig.layout.barmode == "group" and list(fig.layout.yaxis.range) == [0, 100]
+    union = figures_overview.comm_share(steps.with_columns(comm_share=pl.lit(0.35)), par, 1)
+    assert union.data[1].name == "all comm (union)" and list(union.data[1].y) == [35.0, 35.0]
 
 
 def test_findings_keep_the_report_order() -> None:
@@ -104,9 +143,9 @@ def test_findings_keep_the_report_order() -> None:
         Finding("A", Severity.WARNING, "a", "fix a", 3_000_000, ranks=(3,)),
         Finding("B", Severity.INFO, "b", "fix b", 1_000_000),
     ]
-    rows = figures.finding_rows(fs)
+    rows = figures_overview.finding_rows(fs)
     assert [r["code"] for r in rows] == ["A", "B"] and rows[0]["at stake (ms/step)"] == 3.0
-    bar = figures.findings_bar(fs).data[0]
+    bar = figures_overview.findings_bar(fs).data[0]
     assert list(bar.x) == [1.0, 3.0] and bar.y[-1] == "A (rank 3)"
 
 
@@ -241,12 +280,14 @@ def test_timeline_callback_zoom_and_click(app: dash.Dash) -> None:
             "end_ns": t0 + 12_500_000,
             "hl": None,
             "cp": False,  # the critical path is not drawn unless asked (cp=1)
+            "q": "",  # no search
+            "sel": None,  # no event selected
         }
         assert "window 10.000 – 12.500 ms" in label and "start=10.000&end=12.500" in href
         # A relayout that does not move the window (e.g. autosize) changes nothing.
         assert (
             tpage.update(data, "timeline-relayout.data", {"autosize": True}, None, None, None, new)
-            == (dash.no_update,) * 7
+            == (dash.no_update,) * 8
         )
         cur = data.cursor()
         ev = cur.execute(
@@ -274,7 +315,8 @@ def test_overview_heatmap_callback_uses_the_analysis(app: dash.Dash) -> None:
     hm = fig.data[0]
     row = list(hm.y).index(f"r{worst['rank']}")
     col = list(hm.x).index(str(worst["step"]))
-    assert hm.z[row][col] == pytest.approx(worst["idle_ns"] / MS)
+    assert hm.customdata[row][col] == pytest.approx(worst["idle_ns"] / MS)
+    assert hm.z[row][col] == pytest.approx(100 * worst["idle_ns"] / worst["window_ns"], abs=0.01)
 
 
 def test_pipeline_summary_and_findings_links(app: dash.Dash) -> None:

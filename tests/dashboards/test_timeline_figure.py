@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ranklens.analysis import timeline as tl
 from ranklens.dashboards.figures_timeline import lane_ticks, rectangles, timeline
+from ranklens.dashboards.timeline_layers import lane_map
 
 
 def arr(v: Any) -> list[float]:
@@ -91,7 +92,7 @@ def test_events_one_polygon_per_colour_with_overlays() -> None:
     assert fills[2]["hoveron"] == "fills" and fills[0]["hoverinfo"] == "skip"
     assert {t["name"] for t in fig["data"] if "customdata" in t} == {"events"}
     layout = fig["layout"]
-    assert layout["yaxis"]["ticktext"] == ["r0 · 7", "r0 · 9", "r1 · 7"]
+    assert layout["yaxis"]["ticktext"] == ["r0 · 7", "r0 · 9", "r1 · 7"]  # no names known
     assert len(layout["shapes"]) == 2  # the instance, outlined on both ranks
     assert tuple(layout["xaxis"]["range"]) == (0.0, 0.005)
 
@@ -145,9 +146,34 @@ def test_one_polygon_covers_exactly_its_rectangles(boxes: list[tuple[float, ...]
 
 
 def test_many_lanes_get_one_label_per_rank() -> None:
-    few = [(0, 7), (0, 9), (1, 7)]
-    assert lane_ticks(few) == {"tickvals": [0, 1, 2], "ticktext": ["r0 · 7", "r0 · 9", "r1 · 7"]}
-    many = [(r, s) for r in range(40) for s in (7, 9)]
+    few = lane_map(
+        pl.DataFrame(
+            {
+                "rank": [0, 0, 1],
+                "stream": [7, 9, 7],
+                "host": [True, False, False],
+                "activity": [False, True, True],
+                "rows": [3, 1, 1],
+                "name": ["thread 7 (python)", None, None],
+            }
+        )
+    )
+    assert lane_ticks(few) == {
+        "tickvals": [0, 3, 4],  # each lane's top row: the host thread has 3 rows
+        "ticktext": ["r0 · python 7", "r0 · stream 9", "r1 · stream 7"],
+    }
+    many = lane_map(
+        pl.DataFrame(
+            {
+                "rank": [r for r in range(40) for _ in (7, 9)],
+                "stream": [s for _ in range(40) for s in (7, 9)],
+                "host": [False] * 80,
+                "activity": [True] * 80,
+                "rows": [2] * 80,  # 160 rows: more than fit at full height
+                "name": [None] * 80,
+            }
+        )
+    )
     ticks = lane_ticks(many)
     assert ticks["ticktext"] == [f"r{r}" for r in range(40)]
-    assert ticks["tickvals"] == list(range(0, 80, 2))
+    assert ticks["tickvals"] == list(range(0, 160, 4))

@@ -1,0 +1,280 @@
+"""The timeline page's logic: which window a link or an action asks for, and that window drawn.
+
+Why apart from the page: the page only wires Dash components to these functions, so every
+way the view changes (deep link, pan/zoom, step, click, search, reset, path toggle) is one
+plain function that tests call without a browser.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+import dash
+import polars as pl
+from dash import html
+from ranklens.analysis import timeline as tl
+from ranklens.analysis import timeline_lanes as tlz
+from ranklens.dashboards import components as ui
+from ranklens.dashboards import data_whatif as dw
+from ranklens.dashboards import timeline_details as td
+from ranklens.dashboards.data import RunData, evidence
+from ranklens.dashboards.figures import MS
+from ranklens.dashboards.figures_timeline import timeline as timeline_figure
+from ranklens.dashboards.timeline_layers import lane_map
+from ranklens.dashboards.timeline_marks import Marks, name_matches
+
+MAX_SEARCH = 40  # characters of a search kept
+
+
+def step_of(data: RunData, ranks: list[int] | None, start: int, end: int) -> int | None:
+    """The step whose window (over `ranks`) holds the view, so the Step menu never names a
+    step the view has left."""
+    sw = data.cached("step_windows", tl.step_windows)
+    if ranks:
+        sw = sw.filter(pl.col("rank").is_in(ranks))
+    w = sw.group_by("step").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+    # Ranks' step windows overlap at the edges: the step that began last holds the view.
+    # (to the µs a link's window is written in)
+    hit = w.filter((pl.col("start_ns") <= start + 1000) & (pl.col("end_ns") >= end - 1000))
+    return int(hit.sort("start_ns")["step"][-1]) if hit.height else None
+
+
+def step_window(data: RunData, step: int, ranks: list[int] | None) -> tuple[int, int] | None:
+    """The step's window on the job clock over the chosen ranks (from the steps table)."""
+    sw = data.cached("step_windows", tl.step_windows).filter(pl.col("step") == step)
+    if ranks:
+        sw = sw.filter(pl.col("rank").is_in(ranks))
+    if sw.is_empty():
+        return None
+    return int(sw["start_ns"].min()), int(sw["end_ns"].max())
+
+
+def all_steps(data: RunData) -> list[int]:
+    sw = data.cached("step_windows", tl.step_windows)
+    return [int(s) for s in sw["step"].unique().sort().to_list()]
+
+
+def all_ranks(data: RunData) -> list[int]:
+    return [int(r) for r in data.report().facts.get("ranks") or []]
+
+
+def resolve(
+    data: RunData,
+    ranks: list[int] | None,
+    step: int | None,
+    start_ms: float | None,
+    end_ms: float | None,
+) -> tuple[int, int]:
+    """The window a deep link asks for: start/end, else the step, else the first step."""
+    ext = data.extent()
+    if start_ms is not None and end_ms is not None and end_ms > start_ms:
+        return ext.t0_ns + int(start_ms * MS), ext.t0_ns + int(end_ms * MS)
+    steps = all_steps(data)
+    if step is None and steps:
+        step = steps[0]
+    if step is not None:
+        w = step_window(data, step, ranks)
+        if w is not None:
+            return w
+    return ext.t0_ns, max(ext.t1_ns, ext.t0_ns + 1)
+
+
+def search_text(value: Any) -> str:
+    return str(value or "").strip()[:MAX_SEARCH]
+
+
+def href(
+    ranks: list[int] | None,
+    step: int | None,
+    s_ms: float,
+    e_ms: float,
+    hl: str | None,
+    cp: bool,
+    q: str,
+) -> str:
+    """The permalink of a view (components.timeline_href, plus the search)."""
+    base = ui.timeline_href(ranks, step, s_ms, e_ms, hl, cp)
+    return base + (("&" if "?" in base else "?") + urlencode({"q": q}) if q else "")
+
+
+def render(
+    data: RunData,
+    ranks: list[int] | None,
+    start_ns: int,
+    end_ns: int,
+    highlight: pl.DataFrame | None = None,
+    hl: str | None = None,
+    cp: bool = False,
+    q: str = "",
+    sel: td.Selection | None = None,
+) -> tuple[dict[str, Any], str, str]:
+    """Figure, label and permalink of one window; `hl` outlines that finding's evidence,
+    `cp` draws the critical path of the steps in view, `q` outlines the events whose name
+    holds it, `sel` is the selected event (outlined, with its launch -> kernel flows)."""
+    ext = data.extent()
+    cur = data.cursor()
+    try:
+        win = tl.window(cur, ext, start_ns, end_ns, ranks, base=data.timeline_base())
+        shown = evidence(cur, win, hl, ranks) if hl else None
+        found, n_found = (
+            tlz.matches(cur, ext, start_ns, end_ns, ranks, q)
+            if q and win.mode != "events"
+            else (None, name_matches(win.events, q).height)
+        )
+    finally:
+        cur.close()
+    outlined = pl.concat(
+        [
+            h.select("rank", "stream", "start_ns", "end_ns")
+            for h in (highlight, shown)
+            if h is not None and not h.is_empty()
+        ]
+        or [pl.DataFrame(schema={"rank": pl.Int64})],
+        how="diagonal_relaxed",
+    )
+    data.grow_lanes(tlz.need_rows(win.events))  # never two slices of a window on one row
+    path = dw.path_segments(data, start_ns, end_ns, ranks) if cp else None
+    one, flows = td.marks_of(data, sel)
+    steps = data.cached("step_windows", tl.step_windows)
+    marks = Marks(steps=steps, search=q, found=found, selected=one, flows=flows)
+    lanes = lane_map(data.timeline_lanes(), ranks)
+    fig = timeline_figure(win, ext.t0_ns, outlined if outlined.height else None, path, lanes, marks)
+    s_ms, e_ms = (start_ns - ext.t0_ns) / MS, (end_ns - ext.t0_ns) / MS
+    label = (
+        f"window {s_ms:.3f} – {e_ms:.3f} ms ({e_ms - s_ms:.3f} ms), "
+        f"{'all ranks' if not ranks else 'ranks ' + ', '.join(map(str, ranks))}, "
+        + (
+            f"{win.events.height} events"
+            if win.mode == "events"
+            else f"aggregated into {win.bucket_ns / MS:.3g} ms buckets"
+        )
+    )
+    if hl:
+        label += f"; evidence of {hl}: " + (
+            f"{shown.height} events outlined" if shown is not None else "none drawn as events"
+        )
+    if path is not None:
+        steps_cp = ", ".join(str(x) for x in path["step"].unique().sort().to_list()) or "none"
+        label += f"; critical path: {path.height} segments (steps {steps_cp})"
+    if q:
+        label += f"; '{q}': {n_found} matches in view"
+    step = step_of(data, ranks, start_ns, end_ns)
+    return fig, label, href(ranks, step, s_ms, e_ms, hl, cp, q)
+
+
+def update(
+    data: RunData,
+    trigger: Any,
+    relayout: Any,
+    click: Any,
+    ranks_v: Any,
+    step_v: Any,
+    win: dict[str, Any],
+    cp_v: Any = None,
+    q_v: Any = None,
+) -> tuple[Any, ...]:
+    """One callback for every way the window changes (pan/zoom, ranks, step, click, reset,
+    path toggle, search); `trigger`: the Dash prop id that fired, e.g.
+    "timeline-relayout.data". Returns figure, window store, label, permalink, instance
+    panel, step, ranks, details panel."""
+    ranks = ui.parse_ints(ranks_v)
+    start, end = int(win["start_ns"]), int(win["end_ns"])
+    hl = win.get("hl")
+    cp = bool(cp_v) if trigger == "timeline-cp.value" else bool(win.get("cp"))
+    q = search_text(q_v) if trigger == "timeline-search.value" else str(win.get("q") or "")
+    sel: td.Selection | None = win.get("sel")
+    highlight = None
+    info: Any = dash.no_update
+    details: Any = dash.no_update
+    if trigger == "timeline-graph.clickData":
+        picked = td.clicked(click)
+        highlight, info = instance_view(data, click)
+        if picked is None and highlight is None:
+            return (dash.no_update,) * 4 + (info,) + (dash.no_update,) * 3
+        if picked is not None:
+            sel, details = picked, td.panel(data, picked)
+            span = td.flow_span(td.marks_of(data, sel)[1])
+            if span is not None and (span[0] < start or span[1] > end):
+                pad = max((span[1] - span[0]) // 10, 1000)  # bring launch and kernel into view
+                start, end = min(start, span[0] - pad), max(end, span[1] + pad)
+        if highlight is not None:
+            # Show the whole instance on every member rank, even where it lies outside the view.
+            lo, hi = int(highlight["arrive_ns"].min()), int(highlight["end_ns"].max())  # type: ignore[arg-type]
+            pad = max((hi - lo) // 10, 1000)
+            start, end = min(start, lo - pad), max(end, hi + pad)
+            if ranks:
+                ranks = sorted(set(ranks) | set(highlight["rank"].to_list()))
+    elif trigger == "timeline-relayout.data":
+        new = _relayout_window(data, relayout, start, end)
+        if new is None:
+            return (dash.no_update,) * 8
+        start, end = new
+    elif trigger == "timeline-step.value":
+        step = ui.parse_int(step_v)
+        w = step_window(data, step, ranks) if step is not None else None
+        if w is not None:
+            start, end = w
+    elif trigger == "timeline-reset.n_clicks":
+        ext = data.extent()
+        start, end = ext.t0_ns, max(ext.t1_ns, ext.t0_ns + 1)
+    fig, label, link = render(data, ranks, start, end, highlight, hl, cp, q, sel)
+    step = step_of(data, ranks, start, end)
+    store = {"start_ns": start, "end_ns": end, "hl": hl, "cp": cp, "q": q, "sel": sel}
+    return fig, store, label, link, info, step, ranks, details
+
+
+def _relayout_window(data: RunData, relayout: Any, start: int, end: int) -> tuple[int, int] | None:
+    if not isinstance(relayout, dict):
+        return None
+    t0 = data.extent().t0_ns
+    if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
+        lo, hi = float(relayout["xaxis.range[0]"]), float(relayout["xaxis.range[1]"])
+    elif isinstance(relayout.get("xaxis.range"), list):
+        lo, hi = (float(v) for v in relayout["xaxis.range"][:2])
+    elif relayout.get("xaxis.autorange"):
+        ext = data.extent()
+        return ext.t0_ns, max(ext.t1_ns, ext.t0_ns + 1)
+    else:
+        return None
+    new = (t0 + int(lo * MS), t0 + int(hi * MS))
+    if new[1] <= new[0] or (abs(new[0] - start) < 1000 and abs(new[1] - end) < 1000):
+        return None
+    return new
+
+
+def instance_view(data: RunData, click: Any) -> tuple[pl.DataFrame | None, Any]:
+    """The clicked event's collective instance on every rank, and a table of it."""
+    try:
+        rank, stream, rel_ns = (int(v) for v in click["points"][0]["customdata"][:3])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None, dash.no_update
+    ts_ns = data.extent().t0_ns + rel_ns  # the figure carries raw starts relative to t0
+    cur = data.cursor()
+    try:
+        inst = tl.instance(cur, rank, stream, ts_ns)
+    finally:
+        cur.close()
+    if inst.is_empty():
+        return None, html.Div(
+            "the clicked event is not part of a matched collective", id="timeline-instance-none"
+        )
+    t0 = data.extent().t0_ns
+    shown = inst.select(
+        "instance_id",
+        "rank",
+        "op",
+        "pg_name",
+        "parallelism",
+        "status",
+        "bytes",
+        *[
+            ((pl.col(c) - t0) / MS).round(3).alias(c.replace("_ns", "_ms"))
+            for c in ("arrive_ns", "start_ns", "end_ns")
+        ],
+    )
+    head = (
+        f"collective instance {inst['instance_id'][0]}: {inst['op'][0]} on "
+        f"{inst.height} ranks (outlined in the timeline)"
+    )
+    return inst, html.Div([html.B(head), ui.table(shown, "timeline-instance-table")], style=ui.CARD)
