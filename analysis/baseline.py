@@ -70,9 +70,10 @@ class Change:
     regression: bool
 
 
-def _per_step(con: duckdb.DuckDBPyConnection, metric: str) -> dict[tuple[int, str], list[float]]:
-    """(rank, key) -> the metric's per-step values (steps with no value left out)."""
-    df = query_pl(con, _PER_STEP[metric]).with_columns(pl.col("v").cast(pl.Float64))
+def per_step(con: duckdb.DuckDBPyConnection, query: str) -> dict[tuple[int, str], list[float]]:
+    """(rank, key) -> per-step values of a (rank, key, step, v) query (steps with no value
+    left out): _PER_STEP's metrics, or another one judged by the same rule (analysis.compare)."""
+    df = query_pl(con, query).with_columns(pl.col("v").cast(pl.Float64))
     df = df.filter(pl.col("v").is_not_null() & pl.col("v").is_not_nan())
     grouped = df.group_by("rank", "key").agg(pl.col("v"))
     return {(int(r["rank"]), str(r["key"])): r["v"] for r in grouped.iter_rows(named=True)}
@@ -85,15 +86,27 @@ def compare(
     apply_all_views(cur)
     apply_all_views(base)
     with _activity.held(cur), _activity.held(base):  # every metric reads the activity views
-        steps = {m: (_per_step(cur, m), _per_step(base, m)) for m in _PER_STEP}
+        steps = {m: (per_step(cur, q), per_step(base, q)) for m, q in _PER_STEP.items()}
     out: list[Change] = []
     for metric, (s_cur, s_base) in steps.items():
-        f_cur, f_base = spread_floors(s_cur), spread_floors(s_base)
-        for rank, key in sorted(s_cur.keys() & s_base.keys()):
-            floor = (f_cur.get(key, 0.0), f_base.get(key, 0.0))
-            out.append(
-                judge(metric, key, rank, s_cur[rank, key], s_base[rank, key], max_regression, floor)
-            )
+        out += judge_runs(metric, s_cur, s_base, max_regression)
+    return out
+
+
+def judge_runs(
+    metric: str,
+    s_cur: Mapping[tuple[int, str], Sequence[float]],
+    s_base: Mapping[tuple[int, str], Sequence[float]],
+    max_regression: float,
+) -> list[Change]:
+    """The verdict on every (rank, key) of one metric present in both runs (per_step's)."""
+    f_cur, f_base = spread_floors(s_cur), spread_floors(s_base)
+    out: list[Change] = []
+    for rank, key in sorted(s_cur.keys() & s_base.keys()):
+        floor = (f_cur.get(key, 0.0), f_base.get(key, 0.0))
+        out.append(
+            judge(metric, key, rank, s_cur[rank, key], s_base[rank, key], max_regression, floor)
+        )
     return out
 
 

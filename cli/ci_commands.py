@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from ranklens.analysis import baseline as baseline_mod
 from ranklens.analysis import check as check_mod
-from ranklens.analysis import check_config
+from ranklens.analysis import check_config, run_compare
 from ranklens.analysis.thresholds import THRESHOLDS
 from ranklens.cli import capture_run, check_render
 from ranklens.cli.app import (
@@ -114,21 +114,18 @@ def check(
         raise typer.BadParameter(f"unknown format {fmt!r}; use {check_render.CHECK_FORMATS}")
     flags = dict(thresholds)
     opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
-    cfg = check_config.resolve(flags, config)
-    if baseline is not None and "max_regression" not in cfg.values:
-        cfg = check_config.resolve({**flags, "max_regression": "5%"}, config)
+    if baseline is None:
+        cfg = check_config.resolve(flags, config)
+    else:
+        cfg = run_compare.baseline_config(flags, config)
+    regressions: list[str] = []
     with open_run(source, opts) as run:
-        verdicts = check_mod.evaluate(run.con, cfg)
-        regressions: list[str] = []
-        if baseline is not None:
+        if baseline is None:
+            verdicts = check_mod.evaluate(run.con, cfg)
+        else:  # the dashboard's compare page says the same (run_compare.check_against)
             with open_run([baseline], opts, for_baseline=True) as base:
-                changes = baseline_mod.compare(run.con, base.con, cfg.values["max_regression"])
+                verdicts, changes = run_compare.check_against(run.con, base.con, cfg)
             regressions = baseline_mod.summarize(changes)
-            verdicts.append(
-                baseline_mod.verdict(
-                    changes, cfg.values["max_regression"], cfg.sources["max_regression"]
-                )
-            )
     if not allow_skipped:
         verdicts = check_mod.unevaluated_fail(verdicts)
     if fmt == "json":

@@ -206,9 +206,17 @@ def dashboard(
     no_align: NoAlignOpt = False,
     offsets: OffsetsOpt = None,
     layout: LayoutOpt = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            help="A baseline run (database or trace directory) for the Compare page, "
+            "judged as `check --baseline` judges it."
+        ),
+    ] = None,
 ) -> None:
     """Serve the dashboard: overview, aligned timeline, pipeline, communication, contention and
-    stragglers, findings, read-only SQL. Trace inputs are ingested into a temporary database."""
+    stragglers, findings, a comparison with --baseline, read-only SQL. Trace inputs are
+    ingested into a temporary database."""
     from ranklens.dashboards.server import serve  # dash loads only for this command
 
     opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
@@ -218,6 +226,7 @@ def dashboard(
         host=host,
         port=port,
         log=lambda msg: err.print(msg, highlight=False),
+        baseline=baseline,
     )
 
 

@@ -12,10 +12,12 @@ from types import ModuleType
 
 import dash
 from dash import html
-from ranklens.dashboards import components, page_speed
+from ranklens.dashboards import components, data_compare, page_speed
 from ranklens.dashboards.data import CONFIG_KEY, RunData, current
+from ranklens.dashboards.data_compare import BASELINE_KEY, Baseline
 from ranklens.dashboards.pages import (
     communication,
+    compare,
     contention,
     findings,
     overview,
@@ -33,12 +35,19 @@ PAGES: tuple[ModuleType, ...] = (
     communication,
     contention,
     findings,
+    compare,
     sql,
 )
 
 
-def create_app(db_path: str | os.PathLike[str], *, data: RunData | None = None) -> dash.Dash:
-    """A Dash app over the ranklens database at `db_path` (opened read-only, sandboxed)."""
+def create_app(
+    db_path: str | os.PathLike[str],
+    *,
+    data: RunData | None = None,
+    baseline: Baseline | None = None,
+) -> dash.Dash:
+    """A Dash app over the ranklens database at `db_path` (opened read-only, sandboxed), and
+    the run it is compared with on the compare page (`baseline`, also read-only)."""
     run = data if data is not None else RunData(db_path)
     app = dash.Dash(
         __name__,
@@ -51,6 +60,7 @@ def create_app(db_path: str | os.PathLike[str], *, data: RunData | None = None) 
         update_title=None,  # type: ignore[arg-type]  # None: keep the tab title
     )
     app.server.config[CONFIG_KEY] = run
+    app.server.config[BASELINE_KEY] = baseline
     page_speed.tune_index(app)
     for page in PAGES:
         page.register(app)
@@ -75,6 +85,7 @@ def _layout() -> html.Div:
         f"{len(steps)} steps"
         + (f" · missing ranks {facts['missing_ranks']}" if facts.get("missing_ranks") else "")
         + (f" · {', '.join(facts['devices'])}" if facts.get("devices") else "")
+        + (f" · baseline {base.name}" if (base := data_compare.baseline()) is not None else "")
     )
     return html.Div(
         [

@@ -284,6 +284,7 @@ def test_registered_pages_and_the_page_bar(run_data: RunData, fresh_pages: None)
         ("/communication", "Communication"),
         ("/contention", "Contention & stragglers"),
         ("/findings", "Findings"),
+        ("/compare", "Compare"),
         ("/sql", "SQL"),
     ]
     with app.server.test_request_context("/"):

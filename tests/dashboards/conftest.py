@@ -42,14 +42,16 @@ def sample_db(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]
 class LiveApp:
     """A dashboard served in a thread; `url(path)` addresses it."""
 
-    def __init__(self, db: Path, data: Any = None) -> None:
+    def __init__(self, db: Path, data: Any = None, baseline: Path | None = None) -> None:
         from ranklens.dashboards.app import create_app, warm_pages
         from ranklens.dashboards.data import RunData
+        from ranklens.dashboards.data_compare import Baseline
         from werkzeug.serving import make_server
 
         self.data = data if data is not None else RunData(db)
         self.data.warm()
-        self.app = create_app(db, data=self.data)
+        self.base = None if baseline is None else Baseline(RunData(baseline), str(baseline))
+        self.app = create_app(db, data=self.data, baseline=self.base)
         warm_pages(self.app)  # as `ranklens dashboard` does before it opens its port
         self.server = make_server("127.0.0.1", 0, self.app.server, threaded=True)
         self.port = self.server.server_port
@@ -63,6 +65,8 @@ class LiveApp:
         self.server.shutdown()
         self.thread.join(timeout=10)
         self.data.close()
+        if self.base is not None:
+            self.base.data.close()
 
 
 @pytest.fixture(scope="module")

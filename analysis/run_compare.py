@@ -1,0 +1,127 @@
+"""Two runs side by side: what `ranklens check --baseline` says, and the per-rank numbers behind it.
+
+Why here, once: the dashboard's compare page and `check --baseline` must agree, so both take
+their verdicts from `check_against` (the thresholds of check.evaluate plus baseline.compare's
+regression verdict) and their numbers from the same `Change`s. The page also shows each
+stage's pipeline bubble, judged by baseline's rule (median per step, beyond max_regression in
+share points and the runs' noise) over the pipeline analysis' own per-step table; check gates
+the bubble through `--max-bubble` only, so those judgements are shown, never counted in the
+verdicts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import duckdb
+import polars as pl
+from ranklens.analysis import baseline, pipeline
+from ranklens.analysis import check as check_mod
+from ranklens.analysis.baseline import Change
+from ranklens.analysis.check import Verdict
+from ranklens.analysis.check_config import CheckConfig, resolve
+
+DEFAULT_MAX_REGRESSION = "5%"  # what --baseline is judged with when no threshold is given
+BUBBLE = "bubble"  # the metric name of the per-stage bubble Changes
+
+
+def baseline_config(
+    flags: dict[str, str | None], config_file: str | os.PathLike[str] | None = None
+) -> CheckConfig:
+    """check's thresholds (flag > file > none) with max_regression defaulting to 5%."""
+    cfg = resolve(flags, config_file)
+    if "max_regression" not in cfg.values:
+        cfg = resolve({**flags, "max_regression": DEFAULT_MAX_REGRESSION}, config_file)
+    return cfg
+
+
+def check_against(
+    cur: duckdb.DuckDBPyConnection, base: duckdb.DuckDBPyConnection, cfg: CheckConfig
+) -> tuple[list[Verdict], list[Change]]:
+    """The verdicts `check --baseline` gives (before --allow-skipped) and the changes behind
+    its regression verdict."""
+    limit = float(cfg.values["max_regression"])
+    verdicts = check_mod.evaluate(cur, cfg)
+    changes = baseline.compare(cur, base, limit)
+    verdicts.append(baseline.verdict(changes, limit, cfg.sources["max_regression"]))
+    return verdicts, changes
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """What the pipeline analysis says of one run: each rank's stage, each pipeline's heaviest
+    rank (the one with the most work in most steps) and each stage's bubble per step."""
+
+    stages: dict[int, int] = field(default_factory=dict)
+    heavy: frozenset[int] = frozenset()
+    bubble: dict[tuple[int, str], list[float]] = field(default_factory=dict)
+
+
+def pipeline_facts(con: duckdb.DuckDBPyConnection) -> Pipeline:
+    """Pipeline facts from the pipeline analysis itself; empty when the run has no pipeline."""
+    try:
+        res = pipeline.run(con)
+    except duckdb.Error:  # a run the analysis cannot read has no pipeline to compare
+        return Pipeline()
+    table = res.table.filter(
+        pl.col("work_ns").is_not_null() & pl.col("bubble_fraction").is_not_null()
+    )
+    bubble: dict[tuple[int, str], list[float]] = {}
+    for row in table.sort("rank", "step").iter_rows(named=True):
+        bubble.setdefault((int(row["rank"]), "PP"), []).append(float(row["bubble_fraction"]))
+    stages = {int(r): int(s) for r, s in res.table.select("rank", "stage").unique().iter_rows()}
+    heavy: set[int] = set()
+    sched = res.tables["schedule"]
+    if "heavy_rank" in sched.columns:
+        for _, part in sched.group_by("pp_group"):
+            ranks = [int(r) for r in part["heavy_rank"].drop_nulls().to_list()]
+            if ranks:
+                heavy.add(Counter(ranks).most_common(1)[0][0])
+    return Pipeline(stages, frozenset(heavy), bubble)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The current run against its baseline.
+
+    Attributes:
+        limit: max_regression (a fraction: relative for step time, share points otherwise).
+        verdicts: what `check --baseline` prints, skipped checks failing as it does by default.
+        changes: step time, exposed comm and comm share per rank, as check judges them.
+        regressions: check's lines naming what regressed most.
+        bubble: each stage's bubble fraction (median per step), judged by the same rule.
+        cur, base: each run's pipeline facts (stages, heaviest stage).
+    """
+
+    limit: float
+    verdicts: tuple[Verdict, ...]
+    changes: tuple[Change, ...]
+    regressions: tuple[str, ...]
+    bubble: tuple[Change, ...]
+    cur: Pipeline
+    base: Pipeline
+
+    @property
+    def exit_code(self) -> int:
+        return check_mod.exit_code(list(self.verdicts))
+
+
+def compare_runs(
+    cur: duckdb.DuckDBPyConnection, base: duckdb.DuckDBPyConnection, cfg: CheckConfig
+) -> Comparison:
+    """Everything the compare page shows, from the definitions check and the analyses use."""
+    verdicts, changes = check_against(cur, base, cfg)
+    limit = float(cfg.values["max_regression"])
+    p_cur, p_base = pipeline_facts(cur), pipeline_facts(base)
+    bubble = baseline.judge_runs(BUBBLE, p_cur.bubble, p_base.bubble, limit)
+    return Comparison(
+        limit,
+        tuple(check_mod.unevaluated_fail(verdicts)),
+        tuple(changes),
+        tuple(baseline.summarize(changes)),
+        tuple(bubble),
+        p_cur,
+        p_base,
+    )
