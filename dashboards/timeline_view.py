@@ -17,6 +17,7 @@ from ranklens.analysis import timeline as tl
 from ranklens.analysis import timeline_lanes as tlz
 from ranklens.dashboards import components as ui
 from ranklens.dashboards import data_whatif as dw
+from ranklens.dashboards import tables
 from ranklens.dashboards import timeline_details as td
 from ranklens.dashboards.data import RunData, evidence
 from ranklens.dashboards.figures import MS
@@ -277,4 +278,7 @@ def instance_view(data: RunData, click: Any) -> tuple[pl.DataFrame | None, Any]:
         f"collective instance {inst['instance_id'][0]}: {inst['op'][0]} on "
         f"{inst.height} ranks (outlined in the timeline)"
     )
-    return inst, html.Div([html.B(head), ui.table(shown, "timeline-instance-table")], style=ui.CARD)
+    who = html.Div(tables.instance_summary(inst), id="timeline-instance-late")
+    return inst, html.Div(
+        [html.B(head), who, ui.table(shown, "timeline-instance-table")], style=ui.CARD
+    )

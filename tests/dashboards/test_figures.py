@@ -301,9 +301,12 @@ def test_timeline_callback_zoom_and_click(app: dash.Dash) -> None:
         assert len(out[0]["layout"]["shapes"]) >= 2  # the instance outlined on its ranks
         hl, info = tpage.instance_view(data, click)
         assert hl is not None and hl.height >= 2 and ev[0] in hl["rank"].to_list()
-        assert "collective instance" in json.dumps(
-            info.to_plotly_json(), cls=plotly.utils.PlotlyJSONEncoder
-        )
+        text = json.dumps(info.to_plotly_json(), cls=plotly.utils.PlotlyJSONEncoder)
+        assert "collective instance" in text
+        # the panel names the rank that arrived last (from the instance's own arrivals)
+        arr = hl.filter(pl.col("arrive_ns").is_not_null()).sort("arrive_ns", "rank")
+        if arr["arrive_ns"][-1] > arr["arrive_ns"][0]:
+            assert f"rank {arr['rank'][-1]} arrived last" in text
 
 
 def test_overview_heatmap_callback_uses_the_analysis(app: dash.Dash) -> None:
