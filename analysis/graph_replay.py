@@ -39,8 +39,8 @@ CATEGORY_DOC: dict[str, str] = {
     "comm_transfer": "a matched collective or send/recv after its last member arrived",
     "comm_wait": "communication no replay can split (unmatched: its peer's trace is absent)",
     "memory": "memcpy / memset",
-    "host_launch": "a lane waiting with nothing traced to wait for: the host launching, "
-    "untraced host work, the start of the step",
+    "host_launch": "the host thread's own time and launch latency on the path (GPU ranks), "
+    "a lane waiting with nothing traced to wait for, the start of the step",
     "idle": "waiting on another lane after it ended (event waits), and the step's tail",
 }
 
