@@ -4,7 +4,8 @@ Why its own module: the shapes of the events are the contract with the ingest (s
 kineto-notes.md): host ops with `External id`, `cudaLaunchKernel` with `correlation`, kernels
 on `pid` = device, `tid` = stream, NCCL kernels with the newer-torch group args but no peer,
 `record_param_comms` with `Dst Rank`/`Src Rank` (global) and `Rank` (the peer's group rank),
-persistent GEMMs launched with grid = SM count whatever the problem size.
+persistent GEMMs launched with grid = SM count whatever the problem size; a host thread that
+launches ahead of the device (as torch's does) and ends each step in cudaDeviceSynchronize.
 """
 
 from __future__ import annotations
@@ -164,7 +165,14 @@ def rank_doc(
         ev.append(_x("kernel", name, dev, stream, start, tm.end - tm.start, kargs))
     for step, free in host_at.items():  # the step ends with the host waiting for the device
         ev.append(
-            _x("cuda_runtime", "cudaDeviceSynchronize", pid, pid, free, dev_end[step] + 1 - free)
+            _x(
+                "cuda_runtime",
+                "cudaDeviceSynchronize",
+                pid,
+                pid,
+                free,
+                max(dev_end[step] + 1 - free, 1.0),
+            )
         )
     return {
         "schemaVersion": 1,
