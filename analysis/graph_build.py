@@ -142,18 +142,17 @@ def _assemble(
     mem: dict[str, Any],
     win: dict[str, Any],
     p: BuildParams,
-    lnk: dict[str, Any] | None = None,
-    blk: dict[str, Any] | None = None,
+    lnk: dict[str, Any],
+    blk: dict[str, Any],
 ) -> Graph:
     rank, step, dev = _col(ev, "rank"), _col(ev, "step"), _col(ev, "device")
     stream, is_comm, cls = _col(ev, "stream"), _col(ev, "is_comm"), _col(ev, "cls")
     s, e = _col(ev, "s"), _col(ev, "e")
     gpu = np.asarray(ev["has_gpu"], dtype=bool)
     n_ev = len(s)
-    blocking = np.asarray(ev.get("blocking", np.zeros(n_ev)), dtype=bool)
+    blocking = np.asarray(ev["blocking"], dtype=bool)
     launch_of = np.full(n_ev, -1, dtype=np.int64)
-    if lnk is not None:
-        launch_of[_col(lnk, "dev")] = _col(lnk, "host")
+    launch_of[_col(lnk, "dev")] = _col(lnk, "host")
     m_eid, m_inst, m_arr = _col(mem, "eid"), _col(mem, "instance_id"), _col(mem, "arr")
     member = np.zeros(n_ev, dtype=bool)
     member[m_eid] = True
@@ -189,8 +188,7 @@ def _assemble(
     is_source = np.zeros(n_u, dtype=bool)
     is_source[sync[sync >= 0]] = True
     mk = gh.marks(u_host, u_first, launch_of, s, prev_e, un["of_event"], blocking)
-    if blk is not None:  # what a blocking call waited for ends its node
-        is_source[un["of_event"][_col(blk, "dev")]] = True
+    is_source[un["of_event"][_col(blk, "dev")]] = True  # what a blocking call waited for
 
     # a node: a run of units of one lane with nothing waited for inside it
     new_node = first_on_lane | u_member | (sync >= 0) | overlap
@@ -232,10 +230,9 @@ def _assemble(
     lane_src = np.where(first_on_lane[starts] | overlap[starts], -1, np.arange(nn) - 1)
     sync_u = sync[starts]
     sync_src = np.where(sync_u >= 0, node_of_unit[np.maximum(sync_u, 0)], -1)
-    if blk is not None and len(blk["host"]):  # a blocking call waits for the device
-        b_node, t_node = ev_node[_col(blk, "host")], ev_node[_col(blk, "dev")]
-        keep = n_block[b_node] & (n_end[t_node] <= n_start[b_node])
-        sync_src[b_node[keep]] = t_node[keep]
+    b_node, t_node = ev_node[_col(blk, "host")], ev_node[_col(blk, "dev")]
+    keep = n_block[b_node] & (n_end[t_node] <= n_start[b_node])  # a blocking call waits
+    sync_src[b_node[keep]] = t_node[keep]
     le = gh.launch_edges(launch_of, s, ev_node, u_lane[starts], n_first_eid, n_start, n_end)
     ready = np.stack(
         [

@@ -30,12 +30,12 @@ def units(
     cls: I64,
     s: I64,
     e: I64,
-    alone: npt.NDArray[np.bool_] | None = None,
+    alone: npt.NDArray[np.bool_],
 ) -> dict[str, npt.NDArray[Any]]:
     """Union islands of each lane's non-member events (nested host ops are one island) and
     every member (or `alone`: a host runtime call) event on its own, in lane order. busy: per
     unit (compute, comm, memory) ns, the island's length split by the classes' durations."""
-    single = member if alone is None else member | alone
+    single = member | alone
     idx = np.flatnonzero(~single)
     n = len(idx)
     of_event = np.zeros(len(s), dtype=np.int64)

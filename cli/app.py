@@ -6,6 +6,9 @@ Exit codes: 0 ok, 1 error (bad input, with `error:` and `hint:`), 2 usage error,
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -111,6 +114,41 @@ def open_options(
         offsets=offsets,
         layout=layout,
     )
+
+
+# the options that say how a run is opened, declared once: (parameter, annotation, default)
+_RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("skip_bad", SkipBadOpt, False),
+    ("workers", WorkersOpt, None),
+    ("allow_mixed", AllowMixedOpt, False),
+    ("no_align", NoAlignOpt, False),
+    ("offsets", OffsetsOpt, None),
+    ("layout", LayoutOpt, None),
+)
+FROM_FLAGS: Any = None  # `opts`' default in a command's own signature; run_options fills it
+
+
+def run_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give `command` the options that say how a run is opened (--skip-bad, --workers,
+    --allow-mixed, --no-align, --offsets, --layout) where its `opts` parameter stands, and pass
+    them to it as `opts` (open_options: flags, else [tool.ranklens]).
+
+    Why generated: every command that opens a run takes them; typer reads the signature."""
+    sig = inspect.signature(command, eval_str=True)
+    params = list(sig.parameters.values())
+    at = [p.name for p in params].index("opts")
+    params[at : at + 1] = [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=a)
+        for name, a, d in _RUN_OPTIONS
+    ]
+
+    @functools.wraps(command)
+    def with_options(**kwargs: Any) -> None:
+        flags = {name: kwargs.pop(name) for name, _, _ in _RUN_OPTIONS}
+        command(**kwargs, opts=open_options(**flags))
+
+    with_options.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    return with_options
 
 
 def internal_error(exc: BaseException) -> int:

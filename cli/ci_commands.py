@@ -16,17 +16,12 @@ from ranklens.analysis import check_config, run_compare
 from ranklens.analysis.thresholds import THRESHOLDS
 from ranklens.cli import capture_run, check_render
 from ranklens.cli.app import (
-    AllowMixedOpt,
-    LayoutOpt,
-    NoAlignOpt,
-    OffsetsOpt,
-    SkipBadOpt,
-    WorkersOpt,
+    FROM_FLAGS,
     app,
-    open_options,
     out,
+    run_options,
 )
-from ranklens.ingest.run import open_run
+from ranklens.ingest.run import OpenOptions, open_run
 
 
 def threshold_options(command: Callable[..., None]) -> Callable[..., None]:
@@ -69,6 +64,7 @@ def threshold_options(command: Callable[..., None]) -> Callable[..., None]:
 
 @app.command()
 @threshold_options
+@run_options
 def check(
     source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
     baseline: Annotated[
@@ -99,12 +95,7 @@ def check(
             help="Pass checks the run has no data for (by default they fail: exit 3).",
         ),
     ] = False,
-    skip_bad: SkipBadOpt = False,
-    workers: WorkersOpt = None,
-    allow_mixed: AllowMixedOpt = False,
-    no_align: NoAlignOpt = False,
-    offsets: OffsetsOpt = None,
-    layout: LayoutOpt = None,
+    opts: OpenOptions = FROM_FLAGS,
     **thresholds: str | None,
 ) -> None:
     """Fail a CI job (exit 3) when bubbles, exposed communication or regressions pass a
@@ -113,7 +104,6 @@ def check(
     if fmt not in check_render.CHECK_FORMATS:
         raise typer.BadParameter(f"unknown format {fmt!r}; use {check_render.CHECK_FORMATS}")
     flags = dict(thresholds)
-    opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
     if baseline is None:
         cfg = check_config.resolve(flags, config)
     else:

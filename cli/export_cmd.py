@@ -7,20 +7,17 @@ from typing import Annotated
 
 import typer
 from ranklens.cli.app import (
-    AllowMixedOpt,
-    LayoutOpt,
-    NoAlignOpt,
-    OffsetsOpt,
-    SkipBadOpt,
-    WorkersOpt,
+    FROM_FLAGS,
     app,
-    open_options,
     out,
+    run_options,
 )
 from ranklens.ingest.export import export_run
+from ranklens.ingest.run import OpenOptions
 
 
 @app.command()
+@run_options
 def export(
     source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
     parquet: Annotated[
@@ -31,16 +28,10 @@ def export(
             "the others as TABLE.parquet.",
         ),
     ],
-    skip_bad: SkipBadOpt = False,
-    workers: WorkersOpt = None,
-    allow_mixed: AllowMixedOpt = False,
-    no_align: NoAlignOpt = False,
-    offsets: OffsetsOpt = None,
-    layout: LayoutOpt = None,
+    opts: OpenOptions = FROM_FLAGS,
 ) -> None:
     """Write every table of the run as Parquet (hive-partitioned by rank where per rank),
     atomically; never into a non-empty directory or over an input."""
-    opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
     rep = export_run(list(source), parquet, opts)
     out.print(
         f"exported {len(rep.rows)} tables, {rep.total_rows:,} rows -> {parquet} "

@@ -22,19 +22,16 @@ from ranklens.analysis.run_profile import profile
 from ranklens.analysis.sql_console import run_sql
 from ranklens.cli import render
 from ranklens.cli.app import (
-    AllowMixedOpt,
+    FROM_FLAGS,
     FormatOpt,
     LayoutOpt,
-    NoAlignOpt,
-    OffsetsOpt,
-    SkipBadOpt,
-    WorkersOpt,
     app,
     err,
     internal_error,
     open_options,
     out,
     progress_bar,
+    run_options,
     state,
 )
 from ranklens.ingest import RanklensError
@@ -45,18 +42,13 @@ from rich.markup import escape
 
 
 @app.command()
+@run_options
 def ingest(
     inputs: Annotated[list[str], typer.Argument(help="Run directory, glob, or trace files.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="DuckDB file to write.")],
-    skip_bad: SkipBadOpt = False,
-    workers: WorkersOpt = None,
-    allow_mixed: AllowMixedOpt = False,
-    no_align: NoAlignOpt = False,
-    offsets: OffsetsOpt = None,
-    layout: LayoutOpt = None,
+    opts: OpenOptions = FROM_FLAGS,
 ) -> None:
     """Load one trace per rank (Kineto JSON/.json.gz, Nsight SQLite) into a DuckDB file."""
-    opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
     with progress_bar() as prog:
         task = prog.add_task("ingesting", total=None)
         rep = ingest_traces(
@@ -93,39 +85,30 @@ def _report(source: list[str], fmt: str, opts: OpenOptions) -> None:
 
 
 @app.command()
+@run_options
 def report(
     source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
     fmt: FormatOpt = "table",
-    skip_bad: SkipBadOpt = False,
-    workers: WorkersOpt = None,
-    allow_mixed: AllowMixedOpt = False,
-    no_align: NoAlignOpt = False,
-    offsets: OffsetsOpt = None,
-    layout: LayoutOpt = None,
+    opts: OpenOptions = FROM_FLAGS,
 ) -> None:
     """Findings ranked by time at stake, then per-rank breakdown, overlap and parallelism,
     alignment quality and stragglers. Alignment/layout options apply to trace inputs."""
-    _report(source, fmt, open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout))
+    _report(source, fmt, opts)
 
 
 @app.command()
+@run_options
 def analyze(
     name: Annotated[str, typer.Argument(help="Analysis: " + ", ".join(by_name()))],
     source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
     fmt: FormatOpt = "table",
     table: Annotated[str | None, typer.Option(help="Secondary table (e.g. by_group).")] = None,
-    skip_bad: SkipBadOpt = False,
-    workers: WorkersOpt = None,
-    allow_mixed: AllowMixedOpt = False,
-    no_align: NoAlignOpt = False,
-    offsets: OffsetsOpt = None,
-    layout: LayoutOpt = None,
+    opts: OpenOptions = FROM_FLAGS,
 ) -> None:
     """Run one analysis and print its table (or a secondary table) and findings."""
     analyses = by_name()
     if name not in analyses:
         raise typer.BadParameter(f"unknown analysis {name!r}; choose from {', '.join(analyses)}")
-    opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
     with open_run(source, opts) as run:
         res = analyses[name].run(run.con)
         res = replace(res, findings=tuple(tailor(list(res.findings), profile(run.con))))
@@ -139,6 +122,7 @@ def analyze(
 
 
 @app.command()
+@run_options
 def sql(
     database: Annotated[
         str, typer.Argument(help="A ranklens DuckDB file, or trace inputs (a directory, a glob).")
@@ -149,15 +133,9 @@ def sql(
     ] = "table",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="File (parquet).")] = None,
     max_rows: Annotated[int, typer.Option(help="Row limit for table output.")] = 1000,
-    skip_bad: SkipBadOpt = False,
-    workers: WorkersOpt = None,
-    allow_mixed: AllowMixedOpt = False,
-    no_align: NoAlignOpt = False,
-    offsets: OffsetsOpt = None,
-    layout: LayoutOpt = None,
+    opts: OpenOptions = FROM_FLAGS,
 ) -> None:
     """Read-only SQL over the run: tables (events, steps, ranks, ...) and analysis views."""
-    opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
     with open_run([database], opts) as run:  # the console opens run.db_path sandboxed
         df = run_sql(run.db_path, query, max_rows=None if fmt != "table" else max_rows)
     if fmt == "parquet":
@@ -194,18 +172,14 @@ def demo(
 
 
 @app.command()
+@run_options
 def dashboard(
     source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
     port: Annotated[int, typer.Option(help="Port to serve on.")] = 8050,
     host: Annotated[
         str, typer.Option(help="Interface to bind; 127.0.0.1 keeps it to this machine.")
     ] = "127.0.0.1",
-    skip_bad: SkipBadOpt = False,
-    workers: WorkersOpt = None,
-    allow_mixed: AllowMixedOpt = False,
-    no_align: NoAlignOpt = False,
-    offsets: OffsetsOpt = None,
-    layout: LayoutOpt = None,
+    opts: OpenOptions = FROM_FLAGS,
     baseline: Annotated[
         str | None,
         typer.Option(
@@ -219,7 +193,6 @@ def dashboard(
     ingested into a temporary database."""
     from ranklens.dashboards.server import serve  # dash loads only for this command
 
-    opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
     serve(
         source,
         opts,

@@ -8,21 +8,17 @@ from typing import Annotated
 import typer
 from ranklens.analysis import whatif_run
 from ranklens.cli.app import (
-    AllowMixedOpt,
-    LayoutOpt,
-    NoAlignOpt,
-    OffsetsOpt,
-    SkipBadOpt,
-    WorkersOpt,
+    FROM_FLAGS,
     app,
-    open_options,
     out,
+    run_options,
 )
-from ranklens.ingest.run import open_run
+from ranklens.ingest.run import OpenOptions, open_run
 from rich.table import Table
 
 
 @app.command()
+@run_options
 def whatif(
     source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
     fix: Annotated[
@@ -40,12 +36,7 @@ def whatif(
         typer.Option(help="REGEX=F: matching compute/copy events take F times as long."),
     ] = None,
     fmt: Annotated[str, typer.Option("--format", "-f", help="table or json.")] = "table",
-    skip_bad: SkipBadOpt = False,
-    workers: WorkersOpt = None,
-    allow_mixed: AllowMixedOpt = False,
-    no_align: NoAlignOpt = False,
-    offsets: OffsetsOpt = None,
-    layout: LayoutOpt = None,
+    opts: OpenOptions = FROM_FLAGS,
 ) -> None:
     """Replay the cross-rank dependency graph with each fix (same order and dependencies,
     changed durations) and print the predicted step time and the saving per scenario."""
@@ -53,7 +44,6 @@ def whatif(
         raise typer.BadParameter(f"unknown format {fmt!r}; use table or json")
     names = [*(fix or []), *(f"scale-comm:{s}" for s in scale_comm or [])]
     names += [f"scale-kernels:{s}" for s in scale_kernels or []]
-    opts = open_options(skip_bad, workers, allow_mixed, no_align, offsets, layout)
     scenarios = whatif_run.parse_all(names)  # a typo fails before any work
     with open_run(source, opts) as run:
         ans = whatif_run.answer(run.con, scenarios)
