@@ -25,6 +25,7 @@ from typing import Any
 import duckdb
 from ranklens.analysis._base import Finding, Result, Severity
 from ranklens.analysis._sql import query_pl
+from ranklens.ingest.database import connect_writable
 from ranklens.ingest.schema import SCHEMA_VERSION
 
 from ranklens import __version__
@@ -148,7 +149,7 @@ def finalize_run(con: duckdb.DuckDBPyConnection) -> None:
 
 def refresh(db_path: str | os.PathLike[str], mods: tuple[ModuleType, ...]) -> list[str]:
     """Recompute what is stale in a database file nobody else holds open; returns the names."""
-    con = duckdb.connect(str(db_path))
+    con = connect_writable(db_path)
     try:
         stale = tuple(m for m in mods if m.NAME not in SKIP and load(con, m) is None)
         return store_all(con, stale)

@@ -23,6 +23,7 @@ import polars as pl
 import pyarrow as pa
 from ranklens.analysis.sql_types import renderable, to_frame
 from ranklens.analysis.views import apply_all_views
+from ranklens.ingest import shards
 from ranklens.ingest.database import connect
 from ranklens.ingest.errors import RanklensError
 
@@ -58,8 +59,11 @@ def safe_connect(
     `memory_limit` None keeps DuckDB's defaults (memory, spilling to `<db>.tmp/`): only for
     code that runs no user text (the dashboard's own pages, benchmarks)."""
     connect(db_path).close()  # raises a clear error for a missing or foreign file
+    sharded = shards.is_sharded_run(db_path)
     config: dict[str, str | bool | int | float | list[str]] = {
-        "enable_external_access": False,
+        # A sharded run's events are its Parquet shards: that one directory stays readable
+        # (set below, once the database is open); the rest of the file system does not.
+        "enable_external_access": sharded,
         "autoinstall_known_extensions": False,
         "autoload_known_extensions": False,
         "asof_loop_join_threshold": 0,  # what apply_sql sets, set before the lock
@@ -67,11 +71,16 @@ def safe_connect(
     if memory_limit is not None:
         config |= {"memory_limit": f"{memory_limit // MIB}MiB", "temp_directory": ""}
     try:
-        con = duckdb.connect(str(db_path), read_only=True, config=config)
+        con = duckdb.connect(str(shards.catalog_of(db_path)), read_only=True, config=config)
     except duckdb.Error as exc:
         msg = _scrub(str(exc), db_path)
         raise SqlError(f"cannot open the database sandboxed ({msg})") from None
     con.execute("SET enable_progress_bar = false")
+    if sharded:
+        allowed = f"{shards.shard_dir_of(db_path)}/".replace("'", "''")
+        con.execute(f"SET allowed_directories = ['{allowed}']")
+        shards.attach(con, db_path)
+        con.execute("SET enable_external_access = false")
     apply_all_views(con)
     con.execute("SET lock_configuration = true")
     return con

@@ -13,6 +13,7 @@ from types import ModuleType
 
 import duckdb
 from ranklens.analysis import _sql
+from ranklens.ingest.database import connect_writable
 
 from ranklens import analysis
 
@@ -40,7 +41,7 @@ def store_views(con: duckdb.DuckDBPyConnection) -> None:
 
 def install_views(db_path: str | os.PathLike[str]) -> None:
     """Store the analysis views and macros in an existing database file."""
-    con = duckdb.connect(str(db_path))
+    con = connect_writable(db_path)
     try:
         store_views(con)
         con.execute("CHECKPOINT")

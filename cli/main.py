@@ -35,7 +35,9 @@ from ranklens.cli.app import (
     state,
 )
 from ranklens.ingest import RanklensError
+from ranklens.ingest.engines import ENGINES
 from ranklens.ingest.lifecycle import EXIT_TERMINATED, handle_sigterm, was_terminated
+from ranklens.ingest.loader import STORAGES
 from ranklens.ingest.run import OpenOptions, ingest_traces, open_run
 from rich.console import Console
 from rich.markup import escape
@@ -45,10 +47,36 @@ from rich.markup import escape
 @run_options
 def ingest(
     inputs: Annotated[list[str], typer.Argument(help="Run directory, glob, or trace files.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="DuckDB file to write.")],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="DuckDB file (or, with shards, directory).")
+    ],
+    storage: Annotated[
+        str,
+        typer.Option(
+            "--storage",
+            help="file: one DuckDB file. shards: a directory with the catalog and each "
+            "rank's events as Parquet, written by per-rank tasks (large runs, --engine ray).",
+        ),
+    ] = "file",
+    engine: Annotated[
+        str,
+        typer.Option("--engine", help="Who reads the ranks of a sharded run: local or ray."),
+    ] = "local",
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            help="Ray cluster to use (e.g. auto, ray://head:10001); default: a local Ray.",
+        ),
+    ] = None,
     opts: OpenOptions = FROM_FLAGS,
 ) -> None:
-    """Load one trace per rank (Kineto JSON/.json.gz, Nsight SQLite) into a DuckDB file."""
+    """Load one trace per rank (Kineto JSON/.json.gz, Nsight SQLite) into a DuckDB file, or a
+    directory of Parquet shards (--storage shards)."""
+    if storage not in STORAGES:
+        raise typer.BadParameter(f"unknown storage {storage!r}; use one of {STORAGES}")
+    if engine not in ENGINES:
+        raise typer.BadParameter(f"unknown engine {engine!r}; use one of {ENGINES}")
     with progress_bar() as prog:
         task = prog.add_task("ingesting", total=None)
         rep = ingest_traces(
@@ -57,6 +85,9 @@ def ingest(
             opts,
             progress=lambda done, total: prog.update(task, completed=done, total=total),
             finalize=finalize_run,  # views and stored results, before the atomic rename
+            storage="shards" if engine == "ray" else storage,
+            engine=engine,
+            ray_address=ray_address,
         )
     out.print(f"ingested {len(rep.ranks)} rank(s), {rep.n_events:,} events -> {output}")
     for s in rep.skipped:

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import duckdb
+from ranklens.ingest import shards
 from ranklens.ingest.errors import DatabaseError
 from ranklens.ingest.schema import SCHEMA_VERSION
 
@@ -18,8 +19,9 @@ _DUCKDB_MAGIC = b"DUCK"
 
 
 def is_database(path: str | os.PathLike[str]) -> bool:
-    """True if `path` is a DuckDB file (checked by its header, not its name)."""
-    p = Path(path)
+    """True if `path` is a DuckDB file (checked by its header, not its name), or a sharded
+    run's directory holding one."""
+    p = shards.catalog_of(path)
     if not p.is_file():
         return False
     try:
@@ -54,9 +56,10 @@ def _open_hint(exc: duckdb.Error) -> str:
 
 
 def connect(db_path: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:
-    """Open a ranklens database read-only, checking it is one and of this schema version."""
+    """Open a ranklens database read-only, checking it is one and of this schema version (a
+    sharded run: its catalog, with `events` reading its shards)."""
     try:
-        con = duckdb.connect(str(db_path), read_only=True)
+        con = duckdb.connect(str(shards.catalog_of(db_path)), read_only=True)
         con.execute("SET enable_progress_bar = false")
     except duckdb.Error as exc:
         raise DatabaseError(
@@ -77,4 +80,15 @@ def connect(db_path: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:
             f"{db_path}: schema version {found}, this ranklens reads {SCHEMA_VERSION}",
             "re-ingest the traces with this version of ranklens",
         )
+    if shards.is_sharded_run(db_path):
+        shards.attach(con, db_path)
+    return con
+
+
+def connect_writable(db_path: str | os.PathLike[str]) -> duckdb.DuckDBPyConnection:
+    """A read-write connection to a run nobody else holds open (storing views and results):
+    the file itself, or a sharded run's catalog with `events` reading its shards."""
+    con = duckdb.connect(str(shards.catalog_of(db_path)))
+    if shards.is_sharded_run(db_path):
+        shards.attach(con, db_path)
     return con

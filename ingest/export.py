@@ -18,6 +18,7 @@ import duckdb
 from ranklens.ingest.output import OutputError
 from ranklens.ingest.run import OpenOptions, open_run
 from ranklens.ingest.schema import TABLES
+from ranklens.ingest.shards import COMM_TABLE
 
 PER_RANK: tuple[str, ...] = ("events", "collectives", "steps", "threads")
 
@@ -102,7 +103,8 @@ def export_parquet(con: duckdb.DuckDBPyConnection, out: Path) -> ExportReport:
 
 
 def _tables(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """The schema's tables in schema order, then any other base table the run holds."""
+    """The schema's tables in schema order, then any other base table the run holds (a sharded
+    run's `events` whole, never its communication part alone)."""
     have = [
         str(r[0])
         for r in con.execute(
@@ -111,8 +113,10 @@ def _tables(con: duckdb.DuckDBPyConnection) -> list[str]:
             "ORDER BY table_name"
         ).fetchall()
     ]
+    if COMM_TABLE in have:  # a sharded run: `events` is the view over it and the shards
+        have = [*have, "events"]
     known = [t.name for t in TABLES if t.name in have]
-    return known + [t for t in have if t not in known]
+    return known + [t for t in have if t not in known and t != COMM_TABLE]
 
 
 def _copy(con: duckdb.DuckDBPyConnection, name: str, tmp: Path) -> int:

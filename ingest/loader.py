@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
-from ranklens.ingest import output, readers, sanity
+from ranklens.ingest import output, post, readers, sanity, shards
 from ranklens.ingest._model import Batch, Reader
 from ranklens.ingest.config import RunOptions
 from ranklens.ingest.crossrank import check_layout, finish_cross_rank
 from ranklens.ingest.errors import NoTracesError, RanklensError
 from ranklens.ingest.inputs import NOT_TRACES, Inputs, scan_inputs
 from ranklens.ingest.post import finish_database
+from ranklens.ingest.rank_task import RankResult
 from ranklens.ingest.schema import SCHEMA_VERSION, ddl
 from ranklens.ingest.sink import IngestReport, Progress, Sink, Skipped, file_size
 from ranklens.ingest.tempfiles import private_dir
@@ -55,6 +57,9 @@ def load_traces(
     options: RunOptions | None = None,
     allow_mixed: bool = False,
     finalize: Callable[[duckdb.DuckDBPyConnection], None] | None = None,
+    storage: str = "file",
+    engine: str = "local",
+    ray_address: str | None = None,
 ) -> IngestReport:
     """Ingest trace files into a new DuckDB database at `db_path` (replaced atomically).
 
@@ -68,6 +73,10 @@ def load_traces(
         allow_mixed: ingest Kineto traces and Nsight reports together (refused by default).
         finalize: called on the finished database before it is put in place (the CLI stores
             the analysis views with it, so they are part of the one atomic rename).
+        storage: "file" (one DuckDB file) or "shards" (`db_path` is a directory: the catalog
+            and each rank's events as Parquet written by per-rank tasks; shards.py).
+        engine: who runs the per-rank tasks of a sharded ingest: "local" processes or "ray"
+            (at `ray_address`, else a local Ray instance with `workers` CPUs).
 
     Raises:
         RanklensError: bad input (with on_error="raise"), nothing left to ingest, an output
@@ -77,20 +86,32 @@ def load_traces(
         raise ValueError("on_error must be 'raise' or 'skip'")
     if workers is not None and workers < 1:
         raise ValueError("workers must be at least 1")
+    if storage not in STORAGES:
+        raise ValueError(f"storage must be one of {STORAGES}")
+    sharded = storage == "shards"
+    if engine != "local" and not sharded:
+        raise RanklensError(
+            f"--engine {engine} writes a sharded run",
+            "add --storage shards (the output is then a directory)",
+        )
     found = scan_inputs(inputs, readers.trace_suffixes())
     routed, notes = readers.route(found.files, allow_mixed=allow_mixed)
     files = [f for _reader, mine in routed for f in mine]
     out = Path(db_path)
-    output.check_output(out, [*files, *map(str, inputs)])
+    output.check_output(out, [*files, *map(str, inputs)], sharded=sharded)
     report = IngestReport(db_path=str(out), warnings=notes)
     _unreadable_dirs(found, report, on_error)
-    with output.replacing(out) as tmp, private_dir("ingest") as scratch:
-        con = duckdb.connect(str(tmp))
+    place = output.replacing_dir(out) if sharded else output.replacing(out)
+    with place as tmp, private_dir("ingest") as scratch:
+        con = duckdb.connect(str(tmp / shards.CATALOG if sharded else tmp))
         con.execute("SET enable_progress_bar = false")
         # Bound the writer's memory; DuckDB spills to a temp dir beside the output instead.
         con.execute(f"SET memory_limit = '{_memory_limit_mb(files)}MB'")
         try:
-            _ingest(con, routed, found, report, on_error, workers, progress, options, scratch)
+            how = _How(
+                on_error, workers, options, str(tmp) if sharded else None, engine, ray_address
+            )
+            _ingest(con, routed, found, report, how, progress, scratch)
             if finalize is not None:
                 finalize(con)
             con.execute("CHECKPOINT")
@@ -116,15 +137,26 @@ def _unreadable_dirs(found: Inputs, report: IngestReport, on_error: str) -> None
         )
 
 
+STORAGES = ("file", "shards")
+
+
+@dataclass(frozen=True)
+class _How:
+    on_error: str
+    workers: int | None
+    options: RunOptions | None
+    run_dir: str | None  # a sharded run being built
+    engine: str
+    ray_address: str | None
+
+
 def _ingest(
     con: duckdb.DuckDBPyConnection,
     routed: list[tuple[Reader, list[str]]],
     found: Inputs,
     report: IngestReport,
-    on_error: str,
-    workers: int | None,
+    how: _How,
     progress: Progress | None,
-    options: RunOptions | None,
     scratch: Path,
 ) -> None:
     files = [f for _reader, mine in routed for f in mine]
@@ -139,7 +171,7 @@ def _ingest(
             ["n_files", str(len(files))],
         ],
     )
-    sink = Sink(con, report, on_error, found=found.found)
+    sink = Sink(con, report, how.on_error, found=found.found, run_dir=how.run_dir)
     total = sum(file_size(f) for f in files) or 1
     done = 0
 
@@ -149,7 +181,7 @@ def _ingest(
         if progress:
             progress(done, total)
 
-    n = workers if workers is not None else min(os.cpu_count() or 1, 8)
+    n = how.workers if how.workers is not None else min(os.cpu_count() or 1, 8)
     batches: list[tuple[Reader, Batch]] = []
     for reader, mine in routed:  # trace ids in READERS order
         big = sum(file_size(f) for f in mine) >= _SERIAL_BELOW_BYTES
@@ -157,25 +189,55 @@ def _ingest(
         batches.append((reader, Batch(sink, tids, n if big else 1, str(scratch), file_done)))
     # Per-file readers first, then those scheduling their own workers (the order ingest always
     # had, so that a mixed run's rank claims and messages stay as they were).
-    for reader, batch in sorted(batches, key=lambda rb: rb[0].load is not None):
-        readers.read_batch(reader, batch)
+    ordered = sorted(batches, key=lambda rb: rb[0].load is not None)
+    if how.run_dir is not None:
+        _run_tasks(ordered, sink, how, n, file_done)
+    else:
+        for reader, batch in ordered:
+            readers.read_batch(reader, batch)
     if not sink.rank_of:
         reasons = "; ".join([s.message for s in report.skipped] + report.warnings)
         raise NoTracesError(
             f"no trace could be ingested ({reasons or 'no files'})", "fix or remove the bad files"
         )
-    check_layout(con, options)
+    check_layout(con, how.options)
     finish_database(con, sink.groups)
     if readers.infers_communicators(routed):
         # No process-group metadata in any file: infer communicators from collective sequences.
         from ranklens.ingest.communicators import infer_communicators
 
         infer_communicators(con)
-    finish_cross_rank(con, options)  # gloo groups, matching, clock alignment, attribution
+    finish_cross_rank(con, how.options)  # gloo groups, matching, clock alignment, attribution
+    if how.run_dir is not None:
+        shards.seal(con, how.run_dir)  # `events` = communication rows + the shards, from here
+    post.fill_pids(con)
     report.ranks = sorted(sink.rank_of.values())
     report.n_events = int(con.execute("SELECT count(*) FROM events").fetchall()[0][0])
     report.warnings += sanity.run_warnings(con)
     sanity.store_warnings(con, report.warnings)
+
+
+def _run_tasks(
+    ordered: list[tuple[Reader, Batch]],
+    sink: Sink,
+    how: _How,
+    n: int,
+    file_done: Callable[[str], None],
+) -> None:
+    """A sharded ingest: each file is one per-rank task (engines.py) and the writer records
+    what it returns, in the same file order as a file ingest (so a rank claimed twice is
+    refused for the same file)."""
+    from ranklens.ingest.engines import run_tasks
+
+    assert how.run_dir is not None
+    tasks = [(reader.name, path, tid) for reader, batch in ordered for tid, path in batch.files]
+
+    def done(path: str, results: list[RankResult]) -> None:
+        for res in results:
+            sink.add_result(res)
+        file_done(path)
+
+    run_tasks(tasks, how.run_dir, workers=n, engine=how.engine, address=how.ray_address, done=done)
 
 
 def _memory_limit_mb(files: list[str]) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 from ranklens.ingest import readers
 from ranklens.ingest.database import is_database
 from ranklens.ingest.errors import RanklensError
+from ranklens.ingest.shards import CATALOG, is_sharded_run
 
 
 class OutputError(RanklensError):
@@ -33,8 +34,9 @@ def temp_path(out: Path) -> Path:
     return out.with_name(f".{out.name}.tmp-{os.getpid()}")
 
 
-def check_output(out: Path, inputs: Sequence[str]) -> None:
-    """Refuse an output path that cannot (or must not) be replaced, before any work is done."""
+def check_output(out: Path, inputs: Sequence[str], *, sharded: bool = False) -> None:
+    """Refuse an output path that cannot (or must not) be replaced, before any work is done.
+    A sharded run is a directory: it may replace an earlier sharded run or an empty directory."""
     parent = out.absolute().parent
     if not parent.exists():
         raise OutputError(
@@ -44,7 +46,7 @@ def check_output(out: Path, inputs: Sequence[str]) -> None:
     if not parent.is_dir():
         raise OutputError(f"{out}: {parent} is not a directory", "choose another output path")
     if os.path.lexists(out):
-        _check_existing(out, inputs)
+        _check_existing(out, inputs, sharded)
     if out.name.endswith((*readers.trace_suffixes(), ".gz")):  # any reader's, compressed or not
         raise OutputError(
             f"{out}: an output named like a trace would be read as one later",
@@ -54,7 +56,7 @@ def check_output(out: Path, inputs: Sequence[str]) -> None:
         raise OutputError(f"{out}: cannot write in {parent} (permission denied)", _PERM_HINT)
 
 
-def _check_existing(out: Path, inputs: Sequence[str]) -> None:
+def _check_existing(out: Path, inputs: Sequence[str], sharded: bool) -> None:
     try:
         st = os.stat(out)
     except OSError:
@@ -69,6 +71,9 @@ def _check_existing(out: Path, inputs: Sequence[str]) -> None:
                 f"{out}: the output is one of the inputs ({f}); writing it would destroy it",
                 "write the database to another file, e.g. -o run.duckdb",
             )
+    if sharded:
+        _check_run_dir(out, st, inputs)
+        return
     if stat.S_ISDIR(st.st_mode):
         raise OutputError(f"{out}: is a directory", "give a file name, e.g. -o run.duckdb")
     if not stat.S_ISREG(st.st_mode):
@@ -77,6 +82,27 @@ def _check_existing(out: Path, inputs: Sequence[str]) -> None:
         raise OutputError(
             f"{out}: exists and is not a DuckDB database; ingest would overwrite it",
             "remove it yourself if it is not needed, or write to another file",
+        )
+
+
+def _check_run_dir(out: Path, st: os.stat_result, inputs: Sequence[str]) -> None:
+    """A sharded run replaces only an earlier sharded run or an empty directory, and never one
+    holding an input."""
+    if not stat.S_ISDIR(st.st_mode) or out.is_symlink():
+        raise OutputError(
+            f"{out}: exists and is not a directory; a sharded run is a directory",
+            "give a new directory name (e.g. -o run/), or remove the file yourself",
+        )
+    inside = [f for f in inputs if Path(f).resolve().is_relative_to(out.resolve())]
+    if inside:
+        raise OutputError(
+            f"{out}: holds an input ({inside[0]}); writing the run there would destroy it",
+            "write the run to another directory, e.g. -o run/",
+        )
+    if not is_sharded_run(out) and any(out.iterdir()):
+        raise OutputError(
+            f"{out}: is a directory that is not empty and not a ranklens run",
+            "give a new or empty directory, or an earlier sharded run to replace",
         )
 
 
@@ -129,6 +155,12 @@ def _acquire(out: Path, path: Path) -> int:
 def sweep_leftovers(out: Path) -> list[str]:
     """Remove what killed ingests to `out` left beside it (call with the lock held)."""
     removed: list[str] = []
+    for p in out.parent.glob(f".{_glob_escape(out.name)}.old-*"):
+        if not os.path.lexists(out):  # killed between commit_dir's two renames: put it back
+            os.rename(p, out)
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(str(p))
     for p in out.parent.glob(f".{_glob_escape(out.name)}.tmp-*"):
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
@@ -164,3 +196,36 @@ def commit(tmp: Path, out: Path) -> None:
     never a part); a stale `.wal` of the old file goes first so it cannot apply to the new."""
     Path(str(out) + ".wal").unlink(missing_ok=True)
     os.replace(tmp, out)
+
+
+@contextmanager
+def replacing_dir(out: Path) -> Iterator[Path]:
+    """`replacing` for a sharded run: the run is built in a temporary directory beside `out`
+    and put in place when the block ends normally; a failure removes it and keeps the old run."""
+    with output_lock(out):
+        sweep_leftovers(out)
+        tmp = temp_path(out)
+        tmp.mkdir()
+        try:
+            yield tmp
+            commit_dir(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def commit_dir(tmp: Path, out: Path) -> None:
+    """Put a finished run directory in place. A directory cannot replace a non-empty one in one
+    rename, so an earlier run is first renamed aside (`.NAME.old-PID`) and removed after; if
+    the ingest dies between the two renames the next one under the lock puts it back."""
+    for leftover in (tmp / (CATALOG + ".wal"), tmp / (CATALOG + ".tmp")):
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+    if is_sharded_run(out):
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.rename(out, old)
+        os.rename(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)  # new, or an empty directory

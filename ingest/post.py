@@ -19,6 +19,11 @@ def finish_database(con: duckdb.DuckDBPyConnection, groups: list[dict[str, Any]]
     _fill_comm_args(con)
     _fill_peers(con)
     _insert_groups(con, groups)
+
+
+def fill_pids(con: duckdb.DuckDBPyConnection) -> None:
+    """A rank whose trace names no process takes its host events' usual pid. Last, on the
+    whole `events` (a sharded run's cross-rank stage sees only communication rows)."""
     con.execute(
         """UPDATE ranks SET pid = p.pid FROM (SELECT rank, mode(pid) AS pid FROM events
            WHERE device = -1 GROUP BY rank) p WHERE ranks.rank = p.rank AND ranks.pid IS NULL"""

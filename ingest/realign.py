@@ -21,12 +21,13 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
-from ranklens.ingest import output
+from ranklens.ingest import output, shards
 from ranklens.ingest.config import RunOptions
 from ranklens.ingest.crossrank import check_layout, match_align_label
 from ranklens.ingest.database import connect, is_database
@@ -93,11 +94,19 @@ def realign_run(
     """
     out = _database_path(db_path)
     output.check_output(out, [])
-    with output.replacing(out) as tmp:
-        _copy(out, tmp)
+    run_dir = (
+        out.parent if shards.is_sharded_run(out.parent) and out.name == shards.CATALOG else None
+    )
+    with ExitStack() as stack:
+        if run_dir is not None:  # no ingest replaces the run while its catalog is rewritten
+            stack.enter_context(output.output_lock(run_dir))
+        tmp = stack.enter_context(output.replacing(out))
+        _copy(out, tmp, run_dir)
         con = duckdb.connect(str(tmp))
         try:
             con.execute("SET enable_progress_bar = false")
+            if run_dir is not None:
+                shards.attach(con, run_dir)
             facts = realign_tables(con, options or RunOptions())
             if finalize is not None:
                 finalize(con)
@@ -110,6 +119,8 @@ def realign_run(
 def _database_path(db_path: str | os.PathLike[str]) -> Path:
     """The file to replace, refused unless it is a database (checked before any work)."""
     given = Path(db_path)
+    if shards.is_sharded_run(given):
+        given = given / shards.CATALOG
     if given.is_dir():
         raise DatabaseError(
             f"{given}: is a directory; realign works on a run's database",
@@ -124,11 +135,12 @@ def _database_path(db_path: str | os.PathLike[str]) -> Path:
     return out
 
 
-def _copy(out: Path, tmp: Path) -> None:
+def _copy(out: Path, tmp: Path, run_dir: Path | None) -> None:
     """Copy the database (and a `.wal` it may have) while holding it open read-only: that
     checks it is a ranklens database of this schema, and keeps a writer from changing it
-    during the copy (DuckDB refuses a writer while a reader holds the file)."""
-    src = connect(out)
+    during the copy (DuckDB refuses a writer while a reader holds the file). A sharded run's
+    catalog only: realign never changes events."""
+    src = connect(run_dir or out)
     try:
         shutil.copyfile(out, tmp)
         wal = Path(str(out) + ".wal")

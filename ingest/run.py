@@ -93,6 +93,9 @@ def ingest_traces(
     *,
     progress: Progress | None = None,
     finalize: Finalize | None = None,
+    storage: str = "file",
+    engine: str = "local",
+    ray_address: str | None = None,
 ) -> IngestReport:
     """Ingest trace inputs into `db_path` with `options` (see loader.load_traces)."""
     o = options or OpenOptions()
@@ -105,6 +108,9 @@ def ingest_traces(
         options=o.cross,
         allow_mixed=o.allow_mixed,
         finalize=finalize,
+        storage=storage,
+        engine=engine,
+        ray_address=ray_address,
     )
 
 

@@ -10,15 +10,18 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
-from ranklens.ingest import staging
+from ranklens.ingest import shards, staging
 from ranklens.ingest._model import RankPart, ReadFile, rank_from_name
 from ranklens.ingest.errors import NotATraceError, RankError, RanklensError, TraceFormatError
 from ranklens.ingest.sanity import check_rank, check_times
-from ranklens.ingest.steps import write_rank
+from ranklens.ingest.steps import insert_events, insert_windows, write_rank
+
+if TYPE_CHECKING:
+    from ranklens.ingest.rank_task import RankResult
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -63,8 +66,10 @@ class Sink:
         report: IngestReport,
         on_error: str,
         found: set[str] | None = None,
+        run_dir: str | None = None,
     ):
         self.con = con
+        self.run_dir = run_dir  # a sharded run being built: files' shards are under it
         self.report = report
         self.on_error = on_error
         self.found = found or set()  # files a directory scan or glob found (not named)
@@ -75,6 +80,7 @@ class Sink:
         # A rank's event pieces wait here until the rank is complete (add_rank): its steps are
         # assigned on them and they are written once (steps.write_rank). Packed: staging.py.
         self._staged: dict[int, list[staging.Piece]] = {}
+        self._failed: set[int] = set()  # trace ids of files a sharded ingest refused
 
     def fail(self, trace_id: int, path: str, err: RanklensError, size: int = 0) -> None:
         if isinstance(err, NotATraceError) and path in self.found:
@@ -88,6 +94,8 @@ class Sink:
             self.path_of_rank.pop(rank, None)
             self.con.execute("DELETE FROM steps WHERE rank = ?", [rank])
         self.drop_events(trace_id)
+        if self.run_dir is not None:
+            shards.remove_parts(self.run_dir, trace_id)
         for table in ("ranks", "sources"):
             self.con.execute(f"DELETE FROM {table} WHERE trace_id = ?", [trace_id])
         self.report.skipped.append(Skipped(path, err.message))
@@ -182,7 +190,7 @@ class Sink:
         rank = self.claim(trace_id, path, part)
         n = 0
         while part.events:  # each table let go once staged (packed: staging.py)
-            t = _with_rank(part.events.pop(0), rank, trace_id)
+            t = with_rank(part.events.pop(0), rank, trace_id)
             self.add_events(t, path)
             n += t.num_rows
             del t
@@ -206,6 +214,28 @@ class Sink:
         self.add_threads(rank, part.threads)
         self.groups += part.groups
         self.report.warnings += [f"{path}: {w}" for w in part.warnings]
+
+    def add_result(self, res: RankResult) -> None:
+        """One rank a per-rank task wrote as shards (rank_task.py): claimed, its communication
+        rows, steps, source and threads recorded; a bad file recorded or raised (fail)."""
+        if res.trace_id in self._failed:  # an earlier rank of the same file was refused
+            return
+        try:
+            if res.error is not None:
+                raise res.error
+            rank = self.claim_rank(res.trace_id, res.path, res.rank, res.info)
+        except RanklensError as err:
+            self._failed.add(res.trace_id)
+            self.fail(res.trace_id, res.path, err, res.size)
+            return
+        if res.comm is not None and res.comm.num_rows:
+            insert_events(self.con, res.comm)
+        insert_windows(self.con, rank, res.windows)
+        part = RankPart(rank, res.info, groups=res.groups, threads=res.threads)
+        part.warnings = res.warnings
+        self.finish_part(
+            res.trace_id, res.path, res.fmt, part, rank, res.n_events, size=res.size, sha=res.sha
+        )
 
     def read_file(self, trace_id: int, path: str, fmt: str, read: ReadFile) -> None:
         """Read one file with a per-file reader (it may hold several ranks); a bad file is
@@ -246,7 +276,7 @@ def unreadable(path: str, exc: BaseException) -> RanklensError:
 _OS_HINT = "check that the file exists and is readable (permissions); --skip-bad ingests the rest"
 
 
-def _with_rank(t: pa.Table, rank: int, trace_id: int) -> pa.Table:
+def with_rank(t: pa.Table, rank: int, trace_id: int) -> pa.Table:
     n = t.num_rows
     for name, val in (("rank", rank), ("trace_id", trace_id)):
         col = pa.repeat(pa.scalar(val, pa.int32()), n)

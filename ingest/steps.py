@@ -10,6 +10,7 @@ largest part of an ingest.
 from __future__ import annotations
 
 import duckdb
+import pyarrow as pa
 from ranklens.ingest import staging, step_assign
 from ranklens.ingest.schema import TABLE_BY_NAME
 
@@ -24,6 +25,20 @@ def write_rank(
         pieces.clear()
         return
     step, windows = step_assign.assign(staging.step_table(pieces), has_gpu)
+    insert_windows(con, rank, windows)
+    at = 0
+    for piece in staging.unpack_all(pieces):
+        out = piece.append_column("step", step.slice(at, piece.num_rows))
+        at += piece.num_rows
+        del piece
+        insert_events(con, out)
+        del out
+
+
+def insert_windows(
+    con: duckdb.DuckDBPyConnection, rank: int, windows: list[step_assign.Window]
+) -> None:
+    """The rank's rows of `steps`."""
     if windows:
         con.executemany(
             "INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -32,17 +47,17 @@ def write_rank(
                 for w in windows
             ],
         )
-    events = TABLE_BY_NAME["events"].column_names
-    at = 0
-    for piece in staging.unpack_all(pieces):
-        cols = [c for c in events if c in piece.column_names and c != "step"]
-        out = piece.select(cols).append_column("step", step.slice(at, piece.num_rows))
-        at += piece.num_rows
-        del piece
-        names = ", ".join(f'"{c}"' for c in out.column_names)
-        con.register("_ev", out)
-        try:
-            con.execute(f"INSERT INTO events ({names}) SELECT {names} FROM _ev")
-        finally:
-            con.unregister("_ev")
-        del out
+
+
+def insert_events(con: duckdb.DuckDBPyConnection, table: pa.Table) -> None:
+    """Append rows (with their step) to `events`, by column name; columns a reader does not
+    fill stay NULL."""
+    names = ", ".join(f'"{c}"' for c in _EVENTS if c in table.column_names)
+    con.register("_ev", table)
+    try:
+        con.execute(f"INSERT INTO events ({names}) SELECT {names} FROM _ev")
+    finally:
+        con.unregister("_ev")
+
+
+_EVENTS = TABLE_BY_NAME["events"].column_names

@@ -1,0 +1,110 @@
+"""Sharded ingest (issue 15): one DuckDB file vs per-rank Parquet shards, 1 and 2 local workers,
+and local Ray, on the same many-rank GPU-shaped job; then the report of each run.
+
+Generates (once, cached in benchmarks/_work/) a job with the GPU job generator (default tp8 x
+dp32 x pp4 = 1,024 ranks), then times what a user runs, each in its own process: `ranklens
+ingest SRC -o OUT [--storage shards] [--workers N] [--engine ray]` (the stored analysis results
+included: `ingest` computes them before its rename) and `ranklens report OUT`. Prints wall time,
+throughput, peak RSS (the largest process of the tree), how 2 workers scale over 1, and checks
+that every run holds the same events, collectives and report.
+
+HolisticTraceAnalysis loads one rank per call into pandas and has no storage of its own to
+compare with; bench_ingest.py compares single files with it.
+
+    python benchmarks/bench_shards.py [--tp 8 --dp 32 --pp 4 --m 8 --steps 2] [--no-ray]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ranklens.ingest.database import connect
+from ranklens.sample_traces.gpu_job import GpuJob, write_job
+
+WORK = Path(__file__).resolve().parent / "_work"
+EXE = [str(Path(sys.executable).with_name("ranklens"))]
+
+
+def _timed(cmd: list[str]) -> tuple[float, float, bytes]:
+    """Wall seconds, peak RSS (GB) of the largest process so far, and stdout."""
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, check=True, capture_output=True)
+    wall = time.perf_counter() - t0
+    return wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6, res.stdout
+
+
+def _fingerprint(run: Path) -> tuple[int, int, str]:
+    """(events, collectives, digest of the events' columns that analyses read)."""
+    con = connect(run)
+    try:
+        n_ev, n_coll = con.execute(
+            "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM collectives)"
+        ).fetchone() or (0, 0)
+        digest = con.execute(
+            "SELECT sum(hash(rank, kind, ts_ns, dur_ns, step, pg_name, peer)) FROM events"
+        ).fetchone()
+    finally:
+        con.close()
+    return int(n_ev), int(n_coll), hashlib.sha1(str(digest).encode()).hexdigest()[:12]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for name, default in (("tp", 8), ("dp", 32), ("pp", 4), ("m", 8), ("steps", 2)):
+        ap.add_argument(f"--{name}", type=int, default=default)
+    ap.add_argument("--no-ray", action="store_true", help="skip the Ray run")
+    a = ap.parse_args()
+    job = GpuJob(tp=a.tp, dp=a.dp, pp=a.pp, m=a.m, steps=a.steps, rank_factor={a.tp + 1: 1.3})
+    tag = f"gpujob_tp{a.tp}_dp{a.dp}_pp{a.pp}_m{a.m}_s{a.steps}"
+    src = WORK / tag
+    if not (src / "truth.json").exists():
+        shutil.rmtree(src, ignore_errors=True)
+        write_job(job, src)
+    size = sum(p.stat().st_size for p in src.glob("rank*.json"))
+    out = WORK / "shards"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    runs = [
+        ("one DuckDB file, 2 workers", out / "one.duckdb", ["--workers", "2"]),
+        ("shards, 1 worker", out / "s1", ["--storage", "shards", "--workers", "1"]),
+        ("shards, 2 workers", out / "s2", ["--storage", "shards", "--workers", "2"]),
+    ]
+    if not a.no_ray:
+        runs.append(
+            ("shards, local Ray (2 CPUs)", out / "ray", ["--engine", "ray", "--workers", "2"])
+        )
+    print(
+        f"job: {job.world} ranks (tp{a.tp} dp{a.dp} pp{a.pp}), m={a.m}, {a.steps} steps; "
+        f"{size / 1e6:.0f} MB of JSON in {job.world} files; {os.cpu_count()} cores"
+    )
+    walls: dict[str, float] = {}
+    prints: set[tuple[int, int, str]] = set()
+    reports: set[bytes] = set()
+    for label, dest, flags in runs:
+        t_in, rss_in, _ = _timed([*EXE, "ingest", str(src), "-o", str(dest), *flags])
+        t_rep, rss_rep, text = _timed([*EXE, "report", str(dest), "--format", "json"])
+        fp = _fingerprint(dest)
+        prints.add(fp)
+        reports.add(text)
+        walls[label] = t_in
+        print(
+            f"{label:28s} ingest {t_in:6.1f} s ({size / 1e6 / t_in:5.1f} MB/s, "
+            f"{fp[0] / t_in / 1e3:5.0f} k events/s; peak RSS so far {rss_in:.2f} GB)  "
+            f"report {t_rep:5.1f} s (peak so far {rss_rep:.2f} GB)"
+        )
+    s1, s2 = walls["shards, 1 worker"], walls["shards, 2 workers"]
+    print(f"2 workers over 1 (shards): {s1 / s2:.2f}x")
+    print(f"events {sorted(prints)[0][0]:,}; runs identical: {len(prints) == 1}, ", end="")
+    print(f"reports identical: {len(reports) == 1}")
+
+
+if __name__ == "__main__":
+    main()

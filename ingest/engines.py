@@ -1,0 +1,141 @@
+"""Who runs the per-rank tasks of a sharded ingest: this process, a local process pool, or Ray.
+
+Why swappable: every executor calls the same pure function (`rank_task.read_file`) and hands
+its results to the one writer in file order, so the run's tables are the same whichever ran it;
+only where the work happens changes. Ray lets an existing cluster ingest a run too big for one
+machine, as long as the output directory is on storage every node can write (the tasks write
+their shards there; only the small results travel back).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from ranklens.ingest import lifecycle
+from ranklens.ingest.errors import RanklensError
+from ranklens.ingest.rank_task import RankResult, read_file
+
+ENGINES = ("local", "ray")
+
+Task = tuple[str, str, int]  # (format, path, trace id)
+
+
+def run_tasks(
+    tasks: list[Task],
+    run_dir: str,
+    *,
+    workers: int,
+    engine: str = "local",
+    address: str | None = None,
+    done: Callable[[str, list[RankResult]], None],
+) -> None:
+    """Run every file's task, calling `done(path, results)` in `tasks` order."""
+    if engine not in ENGINES:
+        raise RanklensError(
+            f"unknown engine {engine!r}", f"use one of: {', '.join(ENGINES)} (default local)"
+        )
+    if engine == "ray":
+        results: Iterator[list[RankResult]] = _ray(tasks, run_dir, workers, address)
+    elif workers <= 1 or len(tasks) <= 1:
+        results = (read_file(fmt, path, tid, run_dir) for fmt, path, tid in tasks)
+    else:
+        results = _pool(tasks, run_dir, workers)
+    for (_fmt, path, _tid), res in zip(tasks, results, strict=True):
+        done(path, res)
+
+
+def _pool(tasks: list[Task], run_dir: str, workers: int) -> Iterator[list[RankResult]]:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["ranklens.ingest.rank_task"])
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=ctx,
+        initializer=lifecycle.die_with_parent,  # no orphan outlives a killed ingest
+        initargs=(os.getpid(),),
+    )
+    try:
+        yield from _in_order(
+            lambda t: pool.submit(read_file, t[0], t[1], t[2], run_dir), tasks, 2 * workers
+        )
+    except BrokenProcessPool:
+        raise RanklensError(
+            "a worker process died while reading a trace (out of memory?)",
+            "retry with fewer --workers (1 reads in-process)",
+        ) from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _in_order(
+    submit: Callable[[Task], Future[list[RankResult]]], tasks: list[Task], ahead: int
+) -> Iterator[list[RankResult]]:
+    """Results in task order, at most `ahead` tasks in flight (bounded memory and temp disk)."""
+    pending: deque[Future[list[RankResult]]] = deque()
+    it = iter(tasks)
+    for t in it:
+        pending.append(submit(t))
+        if len(pending) >= ahead:
+            break
+    while pending:
+        res = pending.popleft().result()
+        nxt = next(it, None)
+        if nxt is not None:
+            pending.append(submit(nxt))
+        yield res
+
+
+def _ray(
+    tasks: list[Task], run_dir: str, workers: int, address: str | None
+) -> Iterator[list[RankResult]]:
+    try:
+        import ray
+    except ImportError:
+        raise RanklensError(
+            "--engine ray needs Ray, which is not installed",
+            "pip install 'ranklens[ray]' (or pip install ray), or use --engine local",
+        ) from None
+    started = not ray.is_initialized()
+    if started:
+        kwargs: dict[str, Any] = {"address": address, "log_to_driver": False}
+        if address is None:
+            kwargs["num_cpus"] = workers
+        try:
+            ray.init(**kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise RanklensError(
+                f"cannot start or reach Ray at {address or 'a local instance'} ({exc})",
+                "check --ray-address (e.g. ray://head:10001 or auto on a cluster node)",
+            ) from None
+    remote: Any = ray.remote(num_cpus=1, max_retries=0)(read_file)
+    try:
+        refs: deque[Any] = deque()
+        it = iter(tasks)
+        cpus: Any = ray.cluster_resources().get("CPU", workers)  # type: ignore[no-untyped-call]
+        ahead = 2 * max(1, int(cpus))
+        for fmt, path, tid in it:
+            refs.append(remote.remote(fmt, path, tid, run_dir))
+            if len(refs) >= ahead:
+                break
+        while refs:
+            try:
+                res = ray.get(refs.popleft())
+            except ray.exceptions.RayError as exc:
+                first = (str(exc).strip().splitlines() or ["?"])[-1][:200]
+                raise RanklensError(
+                    f"a Ray task died while reading a trace ({first})",
+                    "check the workers' memory and that the output directory is on storage "
+                    "every node can write",
+                ) from None
+            nxt = next(it, None)
+            if nxt is not None:
+                refs.append(remote.remote(nxt[0], nxt[1], nxt[2], run_dir))
+            yield res
+    finally:
+        if started:
+            ray.shutdown()
