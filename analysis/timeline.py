@@ -10,7 +10,8 @@ on `events.ts_ns` lets DuckDB skip row groups outside the window.
 Also here: the exposed-communication and idle/bubble segments of a window (a sweep over the
 classes compute, non-PP comm, PP comm, memory per rank; exposed = comm with no compute;
 idle = none of compute, non-PP comm or memory, i.e. idle time plus PP waits, as the pipeline
-analysis counts bubbles), and the ranks of one collective instance.
+analysis counts bubbles; for an aggregated window packed per bucket, so its overlays stay:
+timeline_overlays.py), and the ranks of one collective instance.
 
 Device activity is what the other analyses count: GPU kernels, memcpy and memset of GPU ranks,
 host compute/comm spans of CPU-only (gloo) ranks; the exposed/idle segments come from it alone.
@@ -23,10 +24,11 @@ registered analysis: it has no findings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import duckdb
 import polars as pl
+from ranklens.analysis import timeline_overlays as ovl
 from ranklens.analysis._sql import query_pl
 
 Params = dict[str, object]
@@ -108,6 +110,8 @@ isl AS (SELECT *, sum(CASE WHEN s = prev_e THEN 0 ELSE 1 END)
         FROM (SELECT *, lag(e) OVER (PARTITION BY rank, label ORDER BY s) AS prev_e FROM one))
 SELECT rank, label, min(s) AS s, max(e) AS e FROM isl GROUP BY rank, label, island
 HAVING max(e) - min(s) >= $min_ns ORDER BY rank, s"""
+# The same segments packed per bucket, for aggregated windows (analysis.timeline_overlays).
+_PACKED = ovl.packed_sql(_SEGMENTS)
 
 
 @dataclass(frozen=True)
@@ -196,20 +200,23 @@ def _params(ext: Extent, start_ns: int, end_ns: int, ranks: list[int] | None) ->
 @dataclass(frozen=True)
 class Overview:
     """Busy time of the whole run [t0, t1) in fixed buckets, computed once per run, so a
-    zoomed-out window is re-aggregated from it instead of scanning every event again."""
+    zoomed-out window is re-aggregated from it instead of scanning every event again; with
+    the exposed/idle time packed into the same buckets (rank, label, s, e), for its overlays."""
 
     start_ns: int
     end_ns: int
     bucket_ns: int
     buckets: pl.DataFrame
+    segments: pl.DataFrame = field(default_factory=ovl.empty)
 
 
 def overview(con: duckdb.DuckDBPyConnection, ext: Extent, n_buckets: int = 4096) -> Overview:
     """The run's busy time per (rank, stream, kind, parallelism) in `n_buckets` buckets."""
     start, end = ext.t0_ns, max(ext.t1_ns, ext.t0_ns + 1)
     width = max(1, -(-(end - start) // n_buckets))
-    buckets = _query(con, _BUCKETS, {**_params(ext, start, end, None), "w": width})
-    return Overview(start, end, width, buckets)
+    p = {**_params(ext, start, end, None), "w": width}
+    segs = ovl.islands(_query(con, _PACKED, {**p, "min_ns": 0}))
+    return Overview(start, end, width, _query(con, _BUCKETS, p), segs)
 
 
 def window(
@@ -230,13 +237,14 @@ def window(
     (rank, stream, kind, parallelism, bucket) with about `max_cells` lane-buckets in all;
     from `base` when its buckets are fine enough for the window (each base bucket counts in
     the window bucket holding its start, so the edges are exact to one base bucket).
-    Exposed/idle segments (at least `min_segment_frac` of the window) come with raw events.
+    Exposed/idle segments (rank, label, s, e; at least `min_segment_frac` of the window) come
+    with both: exact with raw events, packed per bucket with buckets (timeline_overlays).
     """
     end_ns = max(end_ns, start_ns + 1)
     p = _params(ext, start_ns, end_ns, ranks)
     events = _query(con, _DRAWN + f"\nLIMIT {int(max_events) + 1}", p)
+    min_ns = int((end_ns - start_ns) * min_segment_frac)
     if events.height <= max_events:
-        min_ns = int((end_ns - start_ns) * min_segment_frac)
         segs = _query(con, _SEGMENTS, {**p, "min_ns": min_ns})
         lanes = events.select("rank", "stream").unique().height
         ev = events.sort("rank", "stream", "s")
@@ -259,10 +267,16 @@ def window(
         and end_ns <= base.end_ns
     ):
         buckets = _rebucket(coarse, base.bucket_ns, start_ns, end_ns, width)
+        packed = base.segments
+        if ranks:
+            packed = packed.filter(pl.col("rank").is_in(ranks))
+        packed = ovl.rebucket(packed, start_ns, end_ns, width)
     else:
         buckets = _query(con, _BUCKETS, {**p, "w": width})
+        packed = _query(con, _PACKED, {**p, "w": width, "min_ns": 0})
+    segs = ovl.islands(packed, min_ns)
     empty = events.clear()
-    return Window(start_ns, end_ns, "buckets", empty, buckets, width, pl.DataFrame(), n_lanes)
+    return Window(start_ns, end_ns, "buckets", empty, buckets, width, segs, n_lanes)
 
 
 def _rebucket(coarse: pl.DataFrame, base_w: int, start: int, end: int, w: int) -> pl.DataFrame:

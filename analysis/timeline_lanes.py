@@ -15,6 +15,8 @@ device events and the thread id of host ones (schema: events.stream).
 
 from __future__ import annotations
 
+from typing import Any
+
 import duckdb
 import numpy as np
 import numpy.typing as npt
@@ -192,3 +194,44 @@ def matches(
     rows = _df(con, cols + sql + " ORDER BY dur_ns DESC LIMIT $n", {**params, "n": limit})
     total = int(rows["n"][0]) if rows.height else 0
     return rows.drop("n"), total
+
+
+_FAR = 2**62  # beyond any key column: an anchor before (or after) every event
+KEY_COLS = ("ats_ns", "rank", "stream", "ts_ns", "dur_ns")  # the time order of search steps
+Key = tuple[int, int, int, int, int]
+
+
+def step_match(
+    con: duckdb.DuckDBPyConnection,
+    text: str,
+    ranks: list[int] | None,
+    anchor: Key | None,
+    forward: bool = True,
+) -> tuple[dict[str, Any] | None, int, int]:
+    """The event whose name contains `text` (any case, literally) that follows (`forward`) or
+    precedes `anchor` in time order, on `ranks` (None: all), wrapping round at either end;
+    with its position k (1-based) among the n matches: (row, k, n), (None, 0, 0) when none.
+
+    Time order is KEY_COLS, a total order, so steps never skip or repeat an event; `anchor`
+    is such a key: the selected event's, or (view start, -2**62, ...) for "the first one
+    from here" (None: from the run's start or end). The row holds rank, stream, ts_ns (raw),
+    dur_ns, ats_ns, aend_ns, name."""
+    end: Key = (-_FAR,) * 5 if forward else (_FAR,) * 5
+    key = ", ".join(KEY_COLS)
+    order = ", ".join(f"{c} {'ASC' if forward else 'DESC'}" for c in KEY_COLS)
+    sql = f"""WITH m AS MATERIALIZED (
+          SELECT rank, stream, ts_ns, dur_ns, ats_ns, aend_ns, name FROM events_aligned
+          WHERE contains(lower(name), lower($q))
+            AND ($ranks IS NULL OR list_contains($ranks, rank))),
+        f AS (SELECT * FROM m WHERE ({key}) {">" if forward else "<"} ($a, $r, $s, $t, $d)
+              ORDER BY {order} LIMIT 1)
+    SELECT f.*, (SELECT count(*) FROM m) AS n,
+           (SELECT count(*) FROM m WHERE ({", ".join("m." + c for c in KEY_COLS)})
+                                      <= ({", ".join("f." + c for c in KEY_COLS)})) AS k
+    FROM f"""
+    for at in (anchor, end) if anchor is not None else (end,):
+        rows = _df(con, sql, {"q": text, "ranks": ranks, **dict(zip("arstd", at, strict=True))})
+        if rows.height:
+            row = rows.row(0, named=True)
+            return {c: row[c] for c in rows.columns if c not in ("k", "n")}, row["k"], row["n"]
+    return None, 0, 0

@@ -33,6 +33,32 @@ def clicked(click: Any) -> Selection | None:
         return None
 
 
+def to_param(sel: Selection, t0: int) -> str:
+    """The selection as a link names it: `RANK:STREAM:TS_NS:DUR_NS`, the raw start on the
+    rank's own clock (not the job clock, so realigning the run keeps the link)."""
+    return f"{sel['rank']}:{sel['stream']}:{t0 + sel['ts']}:{sel['dur']}"
+
+
+def from_param(value: Any, t0: int) -> Selection | None:
+    """The selection a link's `sel` names (to_param), or None when it is malformed."""
+    parts = str(value or "").split(":")
+    if len(parts) != 4:
+        return None
+    try:
+        rank, stream, ts, dur = (int(p) for p in parts)
+    except ValueError:
+        return None
+    return {"rank": rank, "stream": stream, "ts": ts - t0, "dur": dur}
+
+
+def around(row: dict[str, Any]) -> tuple[int, int]:
+    """A window on the job clock that shows the event `row` (selected_event) with room on
+    either side: for a link that names the event but no window."""
+    s, e = int(row["ats_ns"]), int(row["aend_ns"])
+    pad = max(e - s, 100_000)
+    return s - pad, e + pad
+
+
 def selected_event(data: RunData, sel: Selection) -> dict[str, Any] | None:
     """Every column of the selected event (events_aligned, its group's parallelism, its
     thread's name), or None when the run has no such event."""

@@ -135,12 +135,12 @@ def placed(win: Window, lm: LaneMap) -> pl.DataFrame:
 
 
 def layers(win: Window, lm: LaneMap, t0: int, ev: pl.DataFrame | None = None) -> list[Layer]:
-    """The window's layers: events (`ev`: placed(win, lm)) and the exposed/idle overlays, or
-    busy-time buckets."""
+    """The window's layers: events (`ev`: placed(win, lm)) or busy-time buckets, and over
+    either the exposed/idle overlays (packed per bucket by the analysis when aggregated)."""
     if win.mode == "events":
         ev = placed(win, lm) if ev is None else ev
         return _events(ev, t0) + _segments(win.segments, lm, t0)
-    return _buckets(win, lm, t0)
+    return _buckets(win, lm, t0) + _segments(win.segments, lm, t0)
 
 
 def _color_key_expr() -> pl.Expr:

@@ -26,6 +26,7 @@ from ranklens.dashboards.timeline_layers import lane_map
 from ranklens.dashboards.timeline_marks import Marks, name_matches
 
 MAX_SEARCH = 40  # characters of a search kept
+NEXT, PREV = "timeline-search-next.n_clicks", "timeline-search-prev.n_clicks"
 
 
 def step_of(data: RunData, ranks: list[int] | None, start: int, end: int) -> int | None:
@@ -66,11 +67,16 @@ def resolve(
     step: int | None,
     start_ms: float | None,
     end_ms: float | None,
+    sel: td.Selection | None = None,
 ) -> tuple[int, int]:
-    """The window a deep link asks for: start/end, else the step, else the first step."""
+    """The window a deep link asks for: start/end, else around the selected event, else the
+    step, else the first step."""
     ext = data.extent()
     if start_ms is not None and end_ms is not None and end_ms > start_ms:
         return ext.t0_ns + int(start_ms * MS), ext.t0_ns + int(end_ms * MS)
+    row = td.selected_event(data, sel) if sel else None
+    if row is not None:
+        return td.around(row)
     steps = all_steps(data)
     if step is None and steps:
         step = steps[0]
@@ -93,10 +99,13 @@ def href(
     hl: str | None,
     cp: bool,
     q: str,
+    sel: str = "",
 ) -> str:
-    """The permalink of a view (components.timeline_href, plus the search)."""
+    """The permalink of a view (components.timeline_href, plus the search and the selected
+    event as timeline_details.to_param names it)."""
     base = ui.timeline_href(ranks, step, s_ms, e_ms, hl, cp)
-    return base + (("&" if "?" in base else "?") + urlencode({"q": q}) if q else "")
+    more = urlencode({k: v for k, v in (("q", q), ("sel", sel)) if v}, safe=":")
+    return base + (("&" if "?" in base else "?") + more if more else "")
 
 
 def render(
@@ -161,7 +170,8 @@ def render(
     if q:
         label += f"; '{q}': {n_found} matches in view"
     step = step_of(data, ranks, start_ns, end_ns)
-    return fig, label, href(ranks, step, s_ms, e_ms, hl, cp, q)
+    picked = td.to_param(sel, ext.t0_ns) if sel and one is not None else ""
+    return fig, label, href(ranks, step, s_ms, e_ms, hl, cp, q, picked)
 
 
 def update(
@@ -176,9 +186,9 @@ def update(
     q_v: Any = None,
 ) -> tuple[Any, ...]:
     """One callback for every way the window changes (pan/zoom, ranks, step, click, reset,
-    path toggle, search); `trigger`: the Dash prop id that fired, e.g.
+    path toggle, search, next/previous match); `trigger`: the Dash prop id that fired, e.g.
     "timeline-relayout.data". Returns figure, window store, label, permalink, instance
-    panel, step, ranks, details panel."""
+    panel, step, ranks, details panel, search position ("k of n")."""
     ranks = ui.parse_ints(ranks_v)
     start, end = int(win["start_ns"]), int(win["end_ns"])
     hl = win.get("hl")
@@ -188,11 +198,18 @@ def update(
     highlight = None
     info: Any = dash.no_update
     details: Any = dash.no_update
-    if trigger == "timeline-graph.clickData":
+    pos: Any = "" if trigger == "timeline-search.value" else dash.no_update
+    if trigger in (NEXT, PREV):
+        found, pos = search_step(data, ranks, q, sel, start, end, trigger == NEXT)
+        if found is None:
+            return (dash.no_update,) * 8 + (pos,)
+        sel, start, end = found
+        details = td.panel(data, sel)
+    elif trigger == "timeline-graph.clickData":
         picked = td.clicked(click)
         highlight, info = instance_view(data, click)
         if picked is None and highlight is None:
-            return (dash.no_update,) * 4 + (info,) + (dash.no_update,) * 3
+            return (dash.no_update,) * 4 + (info,) + (dash.no_update,) * 4
         if picked is not None:
             sel, details = picked, td.panel(data, picked)
             span = td.flow_span(td.marks_of(data, sel)[1])
@@ -209,7 +226,7 @@ def update(
     elif trigger == "timeline-relayout.data":
         new = _relayout_window(data, relayout, start, end)
         if new is None:
-            return (dash.no_update,) * 8
+            return (dash.no_update,) * 9
         start, end = new
     elif trigger == "timeline-step.value":
         step = ui.parse_int(step_v)
@@ -222,7 +239,77 @@ def update(
     fig, label, link = render(data, ranks, start, end, highlight, hl, cp, q, sel)
     step = step_of(data, ranks, start, end)
     store = {"start_ns": start, "end_ns": end, "hl": hl, "cp": cp, "q": q, "sel": sel}
-    return fig, store, label, link, info, step, ranks, details
+    return fig, store, label, link, info, step, ranks, details, pos
+
+
+def search_step(
+    data: RunData,
+    ranks: list[int] | None,
+    q: str,
+    sel: td.Selection | None,
+    start: int,
+    end: int,
+    forward: bool,
+) -> tuple[tuple[td.Selection, int, int] | None, str]:
+    """The next (previous) event whose name holds `q`, in time order over `ranks`, after the
+    selected event (none selected: from the view's start), as (selection, window start,
+    end), and its position "k of n". The window keeps its width, centred on the match (one
+    longer than the view: the match with a tenth of it either side)."""
+    if not q:
+        return None, "type a name to search first"
+    row = td.selected_event(data, sel) if sel else None
+    far = -(2**62)
+    anchor: tlz.Key = (
+        (
+            int(row["ats_ns"]),
+            int(row["rank"]),
+            int(row["stream"]),
+            int(row["ts_ns"]),
+            int(row["dur_ns"]),
+        )
+        if row is not None
+        else (start, far, far, far, far)  # the first match from the view's start
+    )
+    cur = data.cursor()
+    try:
+        hit, k, n = tlz.step_match(cur, q, ranks, anchor, forward)
+    finally:
+        cur.close()
+    if hit is None:
+        return None, f"no event named like '{q}'" + (" on these ranks" if ranks else "")
+    s, e = int(hit["ats_ns"]), int(hit["aend_ns"])
+    width = end - start
+    if e - s <= width:
+        start = (s + e) // 2 - width // 2
+        end = start + width
+    else:
+        pad = max((e - s) // 10, 1000)
+        start, end = s - pad, e + pad
+    t0 = data.extent().t0_ns
+    picked: td.Selection = {
+        "rank": int(hit["rank"]),
+        "stream": int(hit["stream"]),
+        "ts": int(hit["ts_ns"]) - t0,
+        "dur": int(hit["dur_ns"]),
+    }
+    return (picked, start, end), f"{k} of {n}"
+
+
+def linked_selection(data: RunData, value: Any) -> tuple[td.Selection | None, str | None]:
+    """The event a link's `sel` names, or None and why (malformed, or no such event in
+    this run): a link to a missing event says so rather than quietly showing the run."""
+    if not value:
+        return None, None
+    sel = td.from_param(value, data.extent().t0_ns)
+    if sel is None:
+        return None, f"the selected event in this link (sel={str(value)[:80]}) is malformed"
+    if td.selected_event(data, sel) is None:
+        return None, (
+            f"the selected event in this link (rank {sel['rank']}, stream {sel['stream']}, "
+            f"start {sel['ts'] + data.extent().t0_ns} ns, {sel['dur']} ns long) is not in "
+            "this run: no event is selected"
+        )
+    return sel, None
 
 
 def _relayout_window(data: RunData, relayout: Any, start: int, end: int) -> tuple[int, int] | None:
@@ -242,6 +329,13 @@ def _relayout_window(data: RunData, relayout: Any, start: int, end: int) -> tupl
     if new[1] <= new[0] or (abs(new[0] - start) < 1000 and abs(new[1] - end) < 1000):
         return None
     return new
+
+
+def selection_instance(data: RunData, sel: td.Selection) -> tuple[pl.DataFrame | None, Any]:
+    """instance_view of a selected event (a link's), as a click on it gives."""
+    return instance_view(
+        data, {"points": [{"customdata": [sel["rank"], sel["stream"], sel["ts"]]}]}
+    )
 
 
 def instance_view(data: RunData, click: Any) -> tuple[pl.DataFrame | None, Any]:

@@ -6,8 +6,10 @@ never receives more than a few thousand rectangles. Clicking a collective outlin
 instance on every rank. Deep link: `/timeline?rank=0,3&step=4&start=120.5&end=180&hl=CODE&cp=1`
 (ms since the run's origin on the job clock; `hl`: the finding whose evidence is outlined;
 `cp=1`: the critical path of the steps in view drawn over the lanes of its ranks; `q`: a
-name searched, its matches outlined); the address bar follows every pan, zoom and pick, so
-reload and share show the same picture. Lanes are the run's (rank, host thread or device
+name searched, its matches outlined, stepped through in time order with next/previous;
+`sel=RANK:STREAM:TS_NS:DUR_NS`: the selected event, by its raw start, its details shown, or
+said to be missing); the address bar follows every pan, zoom and pick, so reload and share
+show the same picture. Lanes are the run's (rank, host thread or device
 stream), the same at every zoom; clicking an event lists every column of it and draws its
 launch -> kernel flows. The logic is in dashboards/timeline_view.py.
 """
@@ -20,14 +22,17 @@ from typing import Any
 import dash
 from dash import Input, Output, State, ctx, dcc, html
 from ranklens.dashboards import components as ui
+from ranklens.dashboards import timeline_details as td
 from ranklens.dashboards.data import current
 from ranklens.dashboards.timeline_view import (  # noqa: F401 (step_window: the findings page's)
     all_ranks,
     all_steps,
     instance_view,
+    linked_selection,
     render,
     resolve,
     search_text,
+    selection_instance,
     step_of,
     step_window,
     update,
@@ -79,6 +84,7 @@ def register(app: dash.Dash) -> None:
         Output("timeline-step", "value"),
         Output("timeline-ranks", "value"),
         Output("timeline-details", "children"),
+        Output("timeline-search-pos", "children"),
         Input("timeline-relayout", "data"),
         Input("timeline-graph", "clickData"),
         Input("timeline-ranks", "value"),
@@ -86,11 +92,13 @@ def register(app: dash.Dash) -> None:
         Input("timeline-reset", "n_clicks"),
         Input("timeline-cp", "value"),
         Input("timeline-search", "value"),
+        Input("timeline-search-next", "n_clicks"),
+        Input("timeline-search-prev", "n_clicks"),
         State("timeline-window", "data"),
         prevent_initial_call=True,
     )
     def _update(*args: Any) -> tuple[Any, ...]:
-        relayout, click, ranks, step, _reset, cp, q, win = args
+        relayout, click, ranks, step, _reset, cp, q, _next, _prev, win = args
         prop = ctx.triggered[0]["prop_id"] if ctx.triggered else ""
         return update(current(), prop, relayout, click, ranks, step, win, cp, q)
 
@@ -112,11 +120,12 @@ def layout(
     hl: Any = None,
     cp: Any = None,
     q: Any = None,
+    sel: Any = None,
     **_: Any,
 ) -> html.Div:
     """The timeline at the window the URL names (ranks, step, start/end in ms, the finding
-    whose evidence is outlined, the critical path drawn, a name searched); ranks or a step
-    the run does not have are said so."""
+    whose evidence is outlined, the critical path drawn, a name searched, the selected
+    event); ranks, a step or an event the run does not have are said so."""
     data = current()
     every = all_ranks(data)
     asked = ui.parse_ints(rank) or []
@@ -138,10 +147,14 @@ def layout(
     if step_i is None and ui.parse_float(start) is None and steps:
         step_i = steps[0]  # resolve() opens the first step: say so in the step picker
     code = str(hl) if hl and re.fullmatch(r"[A-Z][A-Z0-9_]{0,63}", str(hl)) else None
-    s, e = resolve(data, ranks, step_i, ui.parse_float(start), ui.parse_float(end))
+    picked, missing = linked_selection(data, sel)
+    notes += [missing] if missing else []
+    s, e = resolve(data, ranks, step_i, ui.parse_float(start), ui.parse_float(end), picked)
     path_on = str(cp) == "1"
     text = search_text(q)
-    fig, label, href = render(data, ranks, s, e, None, code, path_on, text)
+    # A selected collective: its instance on every rank outlined and listed, as a click does.
+    inst, info = selection_instance(data, picked) if picked else (None, None)
+    fig, label, href = render(data, ranks, s, e, inst, code, path_on, text, picked)
     step_i = step_of(data, ranks, s, e)
     return html.Div(
         [
@@ -186,6 +199,9 @@ def layout(
                         placeholder="search names (Enter)",
                         style={"width": "180px"},
                     ),
+                    html.Button("◀", id="timeline-search-prev", title="previous match"),
+                    html.Button("▶", id="timeline-search-next", title="next match"),
+                    html.Span(id="timeline-search-pos", style={"color": "#444"}),
                     html.A("link to this view", id="timeline-permalink", href=href),
                 ],
                 style={"display": "flex", "gap": "10px", "alignItems": "center"},
@@ -198,7 +214,14 @@ def layout(
             html.Div(label, id="timeline-label", style={"color": "#444", "margin": "6px 0"}),
             dcc.Store(
                 id="timeline-window",
-                data={"start_ns": s, "end_ns": e, "hl": code, "cp": path_on, "q": text},
+                data={
+                    "start_ns": s,
+                    "end_ns": e,
+                    "hl": code,
+                    "cp": path_on,
+                    "q": text,
+                    "sel": picked,
+                },
             ),
             dcc.Store(id="timeline-relayout"),
             dcc.Store(id="timeline-url"),
@@ -207,7 +230,11 @@ def layout(
                 figure=fig,
                 config={"displaylogo": False, "scrollZoom": True},
             ),
-            html.Div(id="timeline-details", style={"margin": "8px 0"}),
-            html.Div(id="timeline-instance", style={"margin": "8px 0"}),
+            html.Div(
+                td.panel(data, picked) if picked else None,
+                id="timeline-details",
+                style={"margin": "8px 0"},
+            ),
+            html.Div(info, id="timeline-instance", style={"margin": "8px 0"}),
         ]
     )

@@ -287,7 +287,7 @@ def test_timeline_callback_zoom_and_click(app: dash.Dash) -> None:
         # A relayout that does not move the window (e.g. autosize) changes nothing.
         assert (
             tpage.update(data, "timeline-relayout.data", {"autosize": True}, None, None, None, new)
-            == (dash.no_update,) * 8
+            == (dash.no_update,) * 9  # figure ... details, search position
         )
         cur = data.cursor()
         ev = cur.execute(
