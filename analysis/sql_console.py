@@ -86,6 +86,17 @@ def safe_connect(
     return con
 
 
+def cursor(
+    con: duckdb.DuckDBPyConnection, db_path: str | os.PathLike[str]
+) -> duckdb.DuckDBPyConnection:
+    """Another connection to the sandboxed database of `con` (same settings); a sharded run's
+    `events` is a temporary view, which each connection must get anew."""
+    cur = con.cursor()
+    if shards.is_sharded_run(db_path):
+        shards.attach(cur, db_path)
+    return cur
+
+
 def view_names(con: duckdb.DuckDBPyConnection) -> list[str]:
     """The analysis views a console query can read (installs them on `con`)."""
     apply_all_views(con)

@@ -11,7 +11,8 @@ that every run holds the same events, collectives and report.
 HolisticTraceAnalysis loads one rank per call into pandas and has no storage of its own to
 compare with; bench_ingest.py compares single files with it.
 
-    python benchmarks/bench_shards.py [--tp 8 --dp 32 --pp 4 --m 8 --steps 2] [--no-ray]
+    python benchmarks/bench_shards.py [--tp 8 --dp 32 --pp 4 --m 8 --steps 2] [--kernels 6]
+        [--no-ray]
 """
 
 from __future__ import annotations
@@ -60,16 +61,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for name, default in (("tp", 8), ("dp", 32), ("pp", 4), ("m", 8), ("steps", 2)):
         ap.add_argument(f"--{name}", type=int, default=default)
+    ap.add_argument("--kernels", type=int, default=6, help="kernels per block (rank size)")
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray run")
     a = ap.parse_args()
-    job = GpuJob(tp=a.tp, dp=a.dp, pp=a.pp, m=a.m, steps=a.steps, rank_factor={a.tp + 1: 1.3})
+    job = GpuJob(
+        tp=a.tp,
+        dp=a.dp,
+        pp=a.pp,
+        m=a.m,
+        steps=a.steps,
+        kernels_per_block=a.kernels,
+        rank_factor={a.tp + 1: 1.3},
+    )
     tag = f"gpujob_tp{a.tp}_dp{a.dp}_pp{a.pp}_m{a.m}_s{a.steps}"
+    tag += f"_k{a.kernels}" if a.kernels != 6 else ""
     src = WORK / tag
     if not (src / "truth.json").exists():
         shutil.rmtree(src, ignore_errors=True)
         write_job(job, src)
     size = sum(p.stat().st_size for p in src.glob("rank*.json"))
-    out = WORK / "shards"
+    out = WORK / f"shards_{tag}"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     runs = [

@@ -25,6 +25,7 @@ from ranklens.analysis import Result, by_name
 from ranklens.analysis import timeline as tl
 from ranklens.analysis import timeline_lanes as tlz
 from ranklens.analysis.report import Report, build_report, run_facts
+from ranklens.analysis.sql_console import cursor as sandboxed_cursor
 from ranklens.analysis.sql_console import safe_connect
 
 CONFIG_KEY = "RANKLENS_RUN"
@@ -69,7 +70,7 @@ class RunData:
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A fresh connection to the same sandboxed database, for one callback."""
         with self._lock:
-            return self._con.cursor()
+            return sandboxed_cursor(self._con, self.db_path)
 
     def close(self) -> None:
         self._con.close()

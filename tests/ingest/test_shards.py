@@ -47,7 +47,10 @@ def both(src: list[str], tmp: Path, **kw: Any) -> tuple[Path, Path]:
     a, b = tmp / "one.duckdb", tmp / "sharded"
     ra = load_traces(src, a, **kw)
     rb = load_traces(src, b, storage="shards", **kw)
-    assert (ra.n_events, ra.ranks, ra.warnings) == (rb.n_events, rb.ranks, rb.warnings)
+    small = [w for w in rb.warnings if w.startswith("--storage shards with small ranks")]
+    assert small  # these test ranks are small: the user is told a one-file run is faster
+    rest = [w for w in rb.warnings if w not in small]
+    assert (ra.n_events, ra.ranks, ra.warnings) == (rb.n_events, rb.ranks, rest)
     return a, b
 
 
