@@ -102,5 +102,5 @@ def as_text(
     if not verdicts and not regressions:
         console.print(
             "[yellow]no thresholds configured[/]: pass flags such as --max-bubble "
-            "or add [tool.ranklens.check] to pyproject.toml"
+            "or add \\[tool.ranklens.check] to pyproject.toml"  # \[: not rich markup
         )

@@ -49,6 +49,15 @@ def test_pass_and_fail_exit_codes(straggler_db: Path) -> None:
     assert "FAIL" in bad.output and f"rank {worst_rank}" in bad.output
 
 
+def test_no_thresholds_names_the_config_table(
+    straggler_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no pyproject.toml here
+    res = runner.invoke(app, ["check", str(straggler_db)])
+    assert res.exit_code == 0, res.output
+    assert "add [tool.ranklens.check] to pyproject.toml" in " ".join(res.output.split())
+
+
 def test_per_parallelism_threshold_and_unknown_name(straggler_db: Path) -> None:
     args = ["check", str(straggler_db), "--max-exposed-comm", "tp=0.01", "-f", "json"]
     res = runner.invoke(app, [*args, "--allow-skipped"])
