@@ -46,8 +46,15 @@ def run_tasks(
         results = (read_file(fmt, path, tid, run_dir) for fmt, path, tid in tasks)
     else:
         results = _pool(tasks, run_dir, workers)
-    for (_fmt, path, _tid), res in zip(tasks, results, strict=True):
-        done(path, res)
+    try:
+        for (_fmt, path, _tid), res in zip(tasks, results, strict=True):
+            done(path, res)
+    finally:
+        # On an error in `done` (a bad file without --skip-bad) or an interrupt, stop the
+        # executor now: tasks still in flight must not write shards into a run being removed.
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
 
 
 def _pool(tasks: list[Task], run_dir: str, workers: int) -> Iterator[list[RankResult]]:
