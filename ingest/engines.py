@@ -9,13 +9,11 @@ their shards there; only the small results travel back).
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
+from typing import Any, TypeVar
 
 from ranklens.ingest import lifecycle
 from ranklens.ingest.errors import RanklensError
@@ -24,6 +22,7 @@ from ranklens.ingest.rank_task import RankResult, read_file
 ENGINES = ("local", "ray")
 
 Task = tuple[str, str, int]  # (format, path, trace id)
+H = TypeVar("H")  # an executor's handle on a running task
 
 
 def run_tasks(
@@ -58,17 +57,10 @@ def run_tasks(
 
 
 def _pool(tasks: list[Task], run_dir: str, workers: int) -> Iterator[list[RankResult]]:
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["ranklens.ingest.rank_task"])
-    pool = ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=ctx,
-        initializer=lifecycle.die_with_parent,  # no orphan outlives a killed ingest
-        initargs=(os.getpid(),),
-    )
+    pool = lifecycle.worker_pool(workers, "ranklens.ingest.rank_task")
     try:
         yield from _in_order(
-            lambda t: pool.submit(read_file, t[0], t[1], t[2], run_dir), tasks, 2 * workers
+            lambda t: pool.submit(read_file, *t, run_dir), Future.result, tasks, 2 * workers
         )
     except BrokenProcessPool:
         raise RanklensError(
@@ -80,17 +72,21 @@ def _pool(tasks: list[Task], run_dir: str, workers: int) -> Iterator[list[RankRe
 
 
 def _in_order(
-    submit: Callable[[Task], Future[list[RankResult]]], tasks: list[Task], ahead: int
+    submit: Callable[[Task], H],
+    wait: Callable[[H], list[RankResult]],
+    tasks: list[Task],
+    ahead: int,
 ) -> Iterator[list[RankResult]]:
-    """Results in task order, at most `ahead` tasks in flight (bounded memory and temp disk)."""
-    pending: deque[Future[list[RankResult]]] = deque()
+    """Results in task order, at most `ahead` tasks in flight (bounded memory and temp disk);
+    `submit` starts a task and `wait` gets its result, whatever the executor."""
+    pending: deque[H] = deque()
     it = iter(tasks)
     for t in it:
         pending.append(submit(t))
         if len(pending) >= ahead:
             break
     while pending:
-        res = pending.popleft().result()
+        res = wait(pending.popleft())
         nxt = next(it, None)
         if nxt is not None:
             pending.append(submit(nxt))
@@ -120,29 +116,22 @@ def _ray(
                 "check --ray-address (e.g. ray://head:10001 or auto on a cluster node)",
             ) from None
     remote: Any = ray.remote(num_cpus=1, max_retries=0)(read_file)
+
+    def wait(ref: Any) -> list[RankResult]:
+        try:
+            return ray.get(ref)  # type: ignore[no-any-return]
+        except ray.exceptions.RayError as exc:
+            first = (str(exc).strip().splitlines() or ["?"])[-1][:200]
+            raise RanklensError(
+                f"a Ray task died while reading a trace ({first})",
+                "check the workers' memory and that the output directory is on storage "
+                "every node can write",
+            ) from None
+
     try:
-        refs: deque[Any] = deque()
-        it = iter(tasks)
         cpus: Any = ray.cluster_resources().get("CPU", workers)  # type: ignore[no-untyped-call]
         ahead = 2 * max(1, int(cpus))
-        for fmt, path, tid in it:
-            refs.append(remote.remote(fmt, path, tid, run_dir))
-            if len(refs) >= ahead:
-                break
-        while refs:
-            try:
-                res = ray.get(refs.popleft())
-            except ray.exceptions.RayError as exc:
-                first = (str(exc).strip().splitlines() or ["?"])[-1][:200]
-                raise RanklensError(
-                    f"a Ray task died while reading a trace ({first})",
-                    "check the workers' memory and that the output directory is on storage "
-                    "every node can write",
-                ) from None
-            nxt = next(it, None)
-            if nxt is not None:
-                refs.append(remote.remote(nxt[0], nxt[1], nxt[2], run_dir))
-            yield res
+        yield from _in_order(lambda t: remote.remote(*t, run_dir), wait, tasks, ahead)
     finally:
         if started:
             ray.shutdown()

@@ -8,8 +8,6 @@ of files and pieces in flight, staging each piece as it arrives instead of a who
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 from collections.abc import Callable, Generator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -77,15 +75,7 @@ def run_serial(batch: Batch) -> None:
 
 
 def run_parallel(batch: Batch) -> None:
-    n = batch.workers
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["ranklens.ingest.kineto"])
-    pool = ProcessPoolExecutor(
-        max_workers=n,
-        mp_context=ctx,
-        initializer=lifecycle.die_with_parent,  # no orphan outlives a killed ingest
-        initargs=(os.getpid(),),
-    )
+    pool = lifecycle.worker_pool(batch.workers, "ranklens.ingest.kineto")
     try:
         _run_pool(batch, pool)
     except BaseException:

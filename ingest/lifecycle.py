@@ -16,6 +16,8 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 from types import FrameType
 
@@ -88,3 +90,16 @@ def _dead(pid: int) -> bool:
     except PermissionError:
         pass  # alive, another user's (pid reuse)
     return False
+
+
+def worker_pool(workers: int, preload: str) -> ProcessPoolExecutor:
+    """The ingest's worker processes: forked from a server that imported `preload` once, each
+    dying with the main process (no orphan outlives a killed ingest)."""
+    ctx = get_context("forkserver")
+    ctx.set_forkserver_preload([preload])
+    return ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=ctx,
+        initializer=die_with_parent,
+        initargs=(os.getpid(),),
+    )

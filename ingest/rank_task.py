@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from ranklens.ingest import kineto, shards, staging, step_assign
 from ranklens.ingest._model import rank_from_name
-from ranklens.ingest.errors import RankError, RanklensError
+from ranklens.ingest.errors import RanklensError
 from ranklens.ingest.sanity import check_times
-from ranklens.ingest.sink import file_size, is_file_error, unreadable, with_rank
+from ranklens.ingest.sink import file_size, is_file_error, require_rank, unreadable, with_rank
 
 
 @dataclass
@@ -104,14 +104,7 @@ def _kineto(path: str, tid: int, run_dir: str, scratch: str) -> RankResult:
 
 
 def _rank_of(path: str, rank: int | None) -> int:
-    found = rank if rank is not None else rank_from_name(path)
-    if found is None:
-        raise RankError(
-            f"{path}: cannot tell which rank wrote this trace (no distributedInfo.rank, "
-            "no rank number in the file name)",
-            "rename the file to include its rank, e.g. rank3.json.gz",
-        )
-    return found
+    return require_rank(path, rank if rank is not None else rank_from_name(path))
 
 
 def _write(res: RankResult, tables: Iterator[pa.Table], run_dir: str) -> None:

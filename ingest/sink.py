@@ -107,12 +107,7 @@ class Sink:
     def claim_rank(
         self, trace_id: int, path: str, rank: int | None, info: dict[str, Any] | None = None
     ) -> int:
-        if rank is None:
-            raise RankError(
-                f"{path}: cannot tell which rank wrote this trace (no distributedInfo.rank, "
-                "no rank number in the file name)",
-                "rename the file to include its rank, e.g. rank3.json.gz",
-            )
+        rank = require_rank(path, rank)
         check_rank(path, rank, info or {})
         if rank in self.path_of_rank:
             raise RankError(
@@ -249,6 +244,17 @@ class Sink:
             if not is_file_error(exc):
                 raise
             self.fail(trace_id, path, unreadable(path, exc), file_size(path))
+
+
+def require_rank(path: str, rank: int | None) -> int:
+    """The rank a file's events are of; a RankError when neither the file nor its name says."""
+    if rank is None:
+        raise RankError(
+            f"{path}: cannot tell which rank wrote this trace (no distributedInfo.rank, "
+            "no rank number in the file name)",
+            "rename the file to include its rank, e.g. rank3.json.gz",
+        )
+    return rank
 
 
 def is_file_error(exc: Exception) -> bool:
