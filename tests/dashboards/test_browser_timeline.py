@@ -87,6 +87,9 @@ def test_click_lists_the_event_and_search_outlines_matches(browser: Any, app: Li
     assert len(arrows) == 1
     assert arrows[0]["x"] == pytest.approx((launch[3] - t0) / 1e6, abs=1e-6)
 
+    # The click's callbacks settle first (it also sets the step and rank menus, which run the
+    # view's callback once more), as a user sees the view finish before typing.
+    wait_for(browser, "!document.querySelector('[data-dash-is-loading=\"true\"]')", timeout=30)
     box = browser.find_element("id", "timeline-search")
     ActionChains(browser).click(box).send_keys("gemm", Keys.ENTER).perform()
     wait_for(browser, "window.location.search.includes('q=gemm')", timeout=30)
