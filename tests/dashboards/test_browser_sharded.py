@@ -40,8 +40,9 @@ def test_same_pages_as_the_one_file_run(browser: Any, pair: tuple[LiveApp, LiveA
         label = text(browser, "#timeline-label")
         q = "/sql?q=SELECT%20count(*)%20AS%20n%20FROM%20events%20WHERE%20rank%20%3D%203"
         open_page(browser, app.url(q), "#sql-query")
-        wait_for(browser, "document.querySelector('.sql-grid .ag-row .ag-cell')")
-        n = text(browser, ".sql-grid .ag-row .ag-cell")
+        # AG Grid puts the cell in the page before its text: wait for the text itself
+        cell = "document.querySelector('.sql-grid .ag-row .ag-cell')"
+        n = str(wait_for(browser, f"{cell} && {cell}.innerText.trim()"))
         assert not severe_logs(browser)
         seen.append((heat["y"], heat["z"], lanes, label, n))
     assert seen[0] == seen[1]
