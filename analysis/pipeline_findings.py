@@ -161,7 +161,7 @@ def _imbalance_rule(groups: list[dict[str, Any]], p: Thresholds) -> list[Finding
                 "light_rank": low["rank"],
                 "busy_max_over_mean": ratio,
                 "work_ms_per_step_by_stage": {
-                    int(r["stage"]): round(float(r["w"]) / 1e6, 3)
+                    str(r["stage"]): round(float(r["w"]) / 1e6, 3)  # JSON keys: stored as read
                     for r in st.sort("stage").iter_rows(named=True)
                 },
                 "imbalance_ns_per_step": int(at),

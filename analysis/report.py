@@ -6,6 +6,7 @@ assembly (what runs, how findings rank, the run's facts) is analysis logic.
 
 from __future__ import annotations
 
+import json
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,8 @@ from ranklens.analysis._base import Finding, Result
 from ranklens.analysis._sql import query_pl
 
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+STORED = "report"  # the assembled report's name among the run's stored results
+_SCENARIOS = {"scenario": pl.String}
 
 
 @dataclass(frozen=True)
@@ -63,23 +66,39 @@ def _names_file(path: str, error: str) -> str:
 
 
 def build_report(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] | None = None) -> Report:
-    """Run the registered analyses (all, or `names`) and rank their findings."""
+    """Run the registered analyses (all, or `names`) and rank their findings; the whole
+    report as ingest stored it when it is still fresh (stored_report)."""
+    if names is None and (kept := stored_report(con)) is not None:
+        return kept[0]
+    return _assemble(con, names)[0]
+
+
+def _assemble(
+    con: duckdb.DuckDBPyConnection, names: tuple[str, ...] | None
+) -> tuple[Report, critical_path.Model | None]:
+    """The report, and the dependency graph's model when critical_path was asked for."""
     from ranklens.analysis import REGISTRY, by_name
 
     mods = REGISTRY if names is None else tuple(by_name()[n] for n in names)
+    others = tuple(m for m in mods if m.NAME != critical_path.NAME)  # cp replays their findings
     results: dict[str, Result] = {}
+    for mod in others:
+        if (kept := results_store.load(con, mod)) is not None:
+            results[mod.NAME] = kept
+    todo = tuple(m for m in others if m.NAME not in results)
     with ExitStack() as stack:
-        if _activity.users(mods):  # computed once for all of them
+        if _activity.users(todo):  # computed once for all of them, and only when needed
             stack.enter_context(_activity.held(con))
-        for mod in mods:
-            if mod.NAME != critical_path.NAME:  # it replays the others' findings: below
-                results[mod.NAME] = results_store.compute_or_load(con, mod)
+        for mod in todo:
+            results[mod.NAME] = mod.run(con)
+    results = {m.NAME: results[m.NAME] for m in others}
     from ranklens.analysis.findings import derive
 
     prof = run_profile.profile(con)
     found = advice.tailor(
         [*(f for r in results.values() for f in r.findings), *derive(results)], prof
     )
+    model = None
     if any(m.NAME == critical_path.NAME for m in mods):
         model = critical_path.model(con)
         found, outcomes = savings.attach(model, found)
@@ -93,7 +112,65 @@ def build_report(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] | None =
         framework=prof.framework,
         groups=prof.groups,  # pg_name -> "PP [0, 4]": how faces name a group
     )
-    return Report(facts, results, tuple(findings))
+    return Report(facts, results, tuple(findings)), model
+
+
+def store_report(con: duckdb.DuckDBPyConnection) -> bool:
+    """Assemble the whole report and keep it in the run (ingest's last step), with the what-if
+    fixes that apply to it; False when some part would not read back identical."""
+    from ranklens.analysis.whatif_run import default_scenarios
+
+    rep, model = _assemble(con, None)
+    cp_res = rep.results.get(critical_path.NAME)
+    if model is None or cp_res is None or not results_store.store(con, cp_res, critical_path):
+        return False
+    facts = json.dumps(rep.facts)
+    findings = json.dumps([f.as_dict() for f in rep.findings])
+    if json.loads(facts) != rep.facts or _findings(findings) != rep.findings:
+        return False
+    frames = {
+        "facts": pl.DataFrame({"json": [facts]}),
+        "scenarios": pl.DataFrame({"scenario": default_scenarios(model)}, schema=_SCENARIOS),
+    }
+    return results_store.put(con, STORED, _options(), frames, findings)
+
+
+def stored_report(con: duckdb.DuckDBPyConnection) -> tuple[Report, list[str]] | None:
+    """The report ingest stored and the what-if fixes that apply, if fresh: every analysis'
+    result and the report itself made by this tool version with today's options on this
+    state of the run (results_store's rule); else None."""
+    from ranklens.analysis import REGISTRY
+
+    got = results_store.get(con, STORED, _options())
+    if got is None:
+        return None
+    frames, findings = got
+    results: dict[str, Result] = {}
+    for mod in REGISTRY:
+        if (kept := results_store.load(con, mod)) is None:
+            return None
+        results[mod.NAME] = kept
+    facts = json.loads(frames["facts"]["json"][0])
+    rep = Report(facts, results, _findings(findings))
+    return rep, [str(s) for s in frames["scenarios"]["scenario"].to_list()]
+
+
+def stored_scenarios(con: duckdb.DuckDBPyConnection) -> list[str] | None:
+    """The what-if fixes that apply to the run, as ingest stored them with its report (fresh),
+    else None: the dashboard lists them without building the dependency graph."""
+    got = results_store.get(con, STORED, _options())
+    return None if got is None else [str(s) for s in got[0]["scenarios"]["scenario"].to_list()]
+
+
+def _findings(text: str) -> tuple[Finding, ...]:
+    return tuple(results_store.finding_of(d) for d in json.loads(text))
+
+
+def _options() -> str:
+    """Every analysis' options: the report is stale when any of them changes."""
+    from ranklens.analysis import REGISTRY
+
+    return json.dumps({m.NAME: results_store.options_of(m) for m in REGISTRY}, sort_keys=True)
 
 
 def cross_rank_facts(con: duckdb.DuckDBPyConnection, results: dict[str, Result]) -> dict[str, Any]:

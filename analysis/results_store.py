@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 import duckdb
+import polars as pl
 from ranklens.analysis._base import Finding, Result, Severity
 from ranklens.analysis._sql import query_pl
 from ranklens.ingest.database import connect_writable
@@ -60,12 +61,23 @@ def store(con: duckdb.DuckDBPyConnection, res: Result, mod: ModuleType) -> bool:
     """Store `res` (computed by `mod` with its default options) in `con`; False when it would
     not read back identical (then nothing of it is stored)."""
     findings = json.dumps([f.as_dict() for f in res.findings])
-    if [_finding(d) for d in json.loads(findings)] != list(res.findings):
+    if [finding_of(d) for d in json.loads(findings)] != list(res.findings):
         return False
+    return put(con, res.name, options_of(mod), {"": res.table, **res.tables}, findings)
+
+
+def put(
+    con: duckdb.DuckDBPyConnection,
+    name: str,
+    options: str,
+    frames: dict[str, pl.DataFrame],
+    findings: str = "[]",
+) -> bool:
+    """Store frames (and findings as JSON) under `name`, made with `options`, replacing what
+    was there; False when a frame would not read back identical (then nothing is stored)."""
     con.execute(_DDL)
-    drop(con, res.name)
-    frames = {"": res.table, **res.tables}
-    names = {key: _table_name(res.name, key) for key in frames}
+    drop(con, name)
+    names = {key: _table_name(name, key) for key in frames}
     for key, df in frames.items():
         con.register("_rs_frame", df)
         try:
@@ -73,15 +85,15 @@ def store(con: duckdb.DuckDBPyConnection, res: Result, mod: ModuleType) -> bool:
         finally:
             con.unregister("_rs_frame")
         if not query_pl(con, f'SELECT * FROM "{names[key]}"').equals(df):
-            drop(con, res.name, list(names.values()))
+            drop(con, name, list(names.values()))
             return False
     con.execute(
         f"INSERT INTO {META} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         [
-            res.name,
+            name,
             __version__,
             str(SCHEMA_VERSION),
-            options_of(mod),
+            options,
             _stamp(con),
             datetime.now(timezone.utc).isoformat(),
             findings,
@@ -93,29 +105,40 @@ def store(con: duckdb.DuckDBPyConnection, res: Result, mod: ModuleType) -> bool:
 
 def load(con: duckdb.DuckDBPyConnection, mod: ModuleType) -> Result | None:
     """The stored result of `mod` if it is fresh, else None (the caller computes it)."""
+    got = get(con, mod.NAME, options_of(mod))
+    if got is None:
+        return None
+    frames, findings = got
+    params = mod.Params() if hasattr(mod, "Params") else None
+    return Result(
+        name=mod.NAME,
+        table=frames.pop(""),
+        findings=tuple(finding_of(d) for d in json.loads(findings)),
+        params=params,
+        tables=frames,
+    )
+
+
+def get(
+    con: duckdb.DuckDBPyConnection, name: str, options: str
+) -> tuple[dict[str, pl.DataFrame], str] | None:
+    """The frames and findings JSON stored under `name` if fresh (this tool and schema
+    version, these options, this state of the run), else None."""
     if not _has_meta(con):
         return None
     rows = con.execute(
         f"SELECT tool_version, schema_version, options, run_stamp, findings, tables FROM {META} "
         "WHERE analysis = ?",
-        [mod.NAME],
+        [name],
     ).fetchall()
     if not rows:
         return None
-    tool, schema, options, stamp, findings, tables = rows[0]
-    want = (__version__, str(SCHEMA_VERSION), options_of(mod), _stamp(con))
-    if (tool, schema, options, stamp) != want:
+    tool, schema, stored_options, stamp, findings, tables = rows[0]
+    want = (__version__, str(SCHEMA_VERSION), options, _stamp(con))
+    if (tool, schema, stored_options, stamp) != want:
         return None
     names: dict[str, str] = json.loads(tables)
-    frames = {key: query_pl(con, f'SELECT * FROM "{t}"') for key, t in names.items()}
-    params = mod.Params() if hasattr(mod, "Params") else None
-    return Result(
-        name=mod.NAME,
-        table=frames.pop(""),
-        findings=tuple(_finding(d) for d in json.loads(findings)),
-        params=params,
-        tables=frames,
-    )
+    return {key: query_pl(con, f'SELECT * FROM "{t}"') for key, t in names.items()}, findings
 
 
 def compute_or_load(con: duckdb.DuckDBPyConnection, mod: ModuleType) -> Result:
@@ -138,13 +161,18 @@ def store_all(con: duckdb.DuckDBPyConnection, mods: tuple[ModuleType, ...]) -> l
 
 
 def finalize_run(con: duckdb.DuckDBPyConnection) -> None:
-    """Ingest's last step before its atomic rename: the analysis views, and every registered
-    analysis' results stored for the faces to reuse."""
+    """Ingest's last step before its atomic rename: the analysis views, every registered
+    analysis' results, the assembled report and the timeline's whole-run overview, stored for
+    the faces to reuse (a dashboard then serves its first page without computing)."""
     from ranklens.analysis import REGISTRY
+    from ranklens.analysis.report import store_report
+    from ranklens.analysis.timeline_store import store_overview
     from ranklens.analysis.views import store_views
 
     store_views(con)
     store_all(con, REGISTRY)
+    store_report(con)  # the critical path and what each fix saves: the slowest part
+    store_overview(con)
 
 
 def refresh(db_path: str | os.PathLike[str], mods: tuple[ModuleType, ...]) -> list[str]:
@@ -182,7 +210,8 @@ def _table_name(analysis: str, key: str) -> str:
     return f"result_{analysis}__{key or 'main'}"
 
 
-def _finding(d: dict[str, Any]) -> Finding:
+def finding_of(d: dict[str, Any]) -> Finding:
+    """A finding from its as_dict() read back from JSON."""
     return Finding(
         code=d["code"],
         severity=Severity(d["severity"]),

@@ -18,6 +18,7 @@ from ranklens.analysis import critical_path as cp
 from ranklens.analysis import whatif as wi
 from ranklens.analysis import whatif_run
 from ranklens.analysis._sql import apply_sql
+from ranklens.analysis.report import stored_scenarios
 from ranklens.dashboards.data import RunData
 from ranklens.ingest.errors import RanklensError
 
@@ -53,6 +54,9 @@ def scenario_options(data: RunData) -> list[str]:
     """The fixes that apply to this run (what `ranklens whatif` replays by default)."""
     if unavailable(data):
         return []
+    kept = data.cached("whatif_scenarios", stored_scenarios)  # stored at ingest: no graph built
+    if isinstance(kept, list):
+        return kept
     return whatif_run.default_scenarios(model(data))
 
 
