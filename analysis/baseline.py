@@ -21,7 +21,8 @@ median nor the MAD much. With one step per run the noise cannot be measured and 
 such.
 
 Metrics: step time (relative change), and as absolute change in share of the step: exposed
-communication and communication per parallelism.
+communication and communication per parallelism (compare), and each PP stage's bubble
+(BUBBLE: run_compare judges the pipeline analysis' per-step table with judge_runs).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ _PER_STEP: dict[str, str] = {
         FROM breakdown_by_parallelism""",
 }
 _RELATIVE = {"step_time"}
+BUBBLE = "bubble"  # the per-stage pipeline bubble, key "PP" (run_compare.bubble_changes)
+# What summarize calls a share metric: "PP bubble", "DP exposed comm".
+_NAMES = {"exposed_comm": "exposed comm", "comm_share": "comm share", BUBBLE: "bubble"}
 NOISE_SIGMAS = 3.0
 SMALL_N_WIDENING = 3.3  # k = NOISE_SIGMAS + SMALL_N_WIDENING / n: see the module docstring
 MAD_TO_SD = 1.4826
@@ -167,7 +171,8 @@ def robust_noise(
 
 
 def summarize(changes: list[Change]) -> list[str]:
-    """Lines naming what regressed most, e.g. 'DP exposed comm +4.1% of step on ranks 8-15'."""
+    """Lines naming what regressed most, e.g. 'DP exposed comm +4.1% of step on ranks 8-15',
+    'PP bubble +6.2% of step on ranks 4-7'."""
     lines = []
     regs = [c for c in changes if c.regression]
     by: dict[tuple[str, str], list[Change]] = {}
@@ -180,8 +185,7 @@ def summarize(changes: list[Change]) -> list[str]:
         if metric in _RELATIVE:
             what = f"step time +{100 * worst.delta:.1f}%"
         else:
-            name = "exposed comm" if metric == "exposed_comm" else "comm share"
-            what = f"{key} {name} +{100 * worst.delta:.1f}% of step"
+            what = f"{key} {_NAMES.get(metric, metric)} +{100 * worst.delta:.1f}% of step"
         noise = (
             "noise not measurable (1 step)"
             if worst.noise is None

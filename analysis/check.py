@@ -113,7 +113,7 @@ def _evaluate(con: duckdb.DuckDBPyConnection, config: CheckConfig) -> list[Verdi
     out: list[Verdict] = []
     for name, limit in config.values.items():
         if THRESHOLDS[name].query is None:
-            continue  # judged against --baseline by baseline.compare
+            continue  # judged against --baseline by run_compare.check_against
         source = config.sources.get(name, "default")
         label = THRESHOLDS[name].label
         rows = metric_rows(con, name)

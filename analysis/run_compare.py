@@ -1,12 +1,12 @@
 """Two runs side by side: what `ranklens check --baseline` says, and the per-rank numbers behind it.
 
 Why here, once: the dashboard's compare page and `check --baseline` must agree, so both take
-their verdicts from `check_against` (the thresholds of check.evaluate plus baseline.compare's
-regression verdict) and their numbers from the same `Change`s. The page also shows each
-stage's pipeline bubble, judged by baseline's rule (median per step, beyond max_regression in
-share points and the runs' noise) over the pipeline analysis' own per-step table; check gates
-the bubble through `--max-bubble` only, so those judgements are shown, never counted in the
-verdicts.
+their verdicts from `check_against` (the thresholds of check.evaluate plus the regression
+verdict over baseline.compare's changes and each PP stage's bubble) and their numbers from the
+same `Change`s. The bubble is the pipeline analysis' own per-step table, judged by baseline's
+rule (median per step, beyond max_regression in share points and the runs' noise), so a
+stage whose bubble grew fails the gate like a slower step; runs without a pipeline have none.
+Thresholds come from `baseline_config`, for `check` and `dashboard` alike (flag > file > 5%).
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ from ranklens.analysis.check import Verdict
 from ranklens.analysis.check_config import CheckConfig, resolve
 
 DEFAULT_MAX_REGRESSION = "5%"  # what --baseline is judged with when no threshold is given
-BUBBLE = "bubble"  # the metric name of the per-stage bubble Changes
+BUBBLE = baseline.BUBBLE  # the metric name of the per-stage bubble Changes
 
 
 def baseline_config(
     flags: dict[str, str | None], config_file: str | os.PathLike[str] | None = None
 ) -> CheckConfig:
-    """check's thresholds (flag > file > none) with max_regression defaulting to 5%."""
+    """check's thresholds (flag > file > none) with max_regression defaulting to 5%; a bad
+    value or file raises check_config.ConfigError (the CLI's `error:`/`hint:`)."""
     cfg = resolve(flags, config_file)
     if "max_regression" not in cfg.values:
         cfg = resolve({**flags, "max_regression": DEFAULT_MAX_REGRESSION}, config_file)
@@ -38,15 +39,26 @@ def baseline_config(
 
 
 def check_against(
-    cur: duckdb.DuckDBPyConnection, base: duckdb.DuckDBPyConnection, cfg: CheckConfig
+    cur: duckdb.DuckDBPyConnection,
+    base: duckdb.DuckDBPyConnection,
+    cfg: CheckConfig,
+    facts: tuple[Pipeline, Pipeline] | None = None,
 ) -> tuple[list[Verdict], list[Change]]:
     """The verdicts `check --baseline` gives (before --allow-skipped) and the changes behind
-    its regression verdict."""
+    its regression verdict: step time, comm per parallelism and the bubble per PP stage.
+    facts: both runs' pipeline_facts when the caller has them already."""
     limit = float(cfg.values["max_regression"])
     verdicts = check_mod.evaluate(cur, cfg)
-    changes = baseline.compare(cur, base, limit)
+    p_cur, p_base = facts if facts is not None else (pipeline_facts(cur), pipeline_facts(base))
+    changes = baseline.compare(cur, base, limit) + bubble_changes(p_cur, p_base, limit)
     verdicts.append(baseline.verdict(changes, limit, cfg.sources["max_regression"]))
     return verdicts, changes
+
+
+def bubble_changes(cur: Pipeline, base: Pipeline, limit: float) -> list[Change]:
+    """Each rank's stage bubble (share of the step, median per step) judged by baseline's
+    rule; none unless both runs have a pipeline."""
+    return baseline.judge_runs(BUBBLE, cur.bubble, base.bubble, limit)
 
 
 @dataclass(frozen=True)
@@ -89,9 +101,9 @@ class Comparison:
     Attributes:
         limit: max_regression (a fraction: relative for step time, share points otherwise).
         verdicts: what `check --baseline` prints, skipped checks failing as it does by default.
-        changes: step time, exposed comm and comm share per rank, as check judges them.
+        changes: step time, exposed comm and comm share per rank and each rank's stage bubble,
+            as check judges them.
         regressions: check's lines naming what regressed most.
-        bubble: each stage's bubble fraction (median per step), judged by the same rule.
         cur, base: each run's pipeline facts (stages, heaviest stage).
     """
 
@@ -99,7 +111,6 @@ class Comparison:
     verdicts: tuple[Verdict, ...]
     changes: tuple[Change, ...]
     regressions: tuple[str, ...]
-    bubble: tuple[Change, ...]
     cur: Pipeline
     base: Pipeline
 
@@ -107,21 +118,23 @@ class Comparison:
     def exit_code(self) -> int:
         return check_mod.exit_code(list(self.verdicts))
 
+    @property
+    def bubble(self) -> tuple[Change, ...]:
+        """The per-stage bubble changes (a subset of `changes`)."""
+        return tuple(c for c in self.changes if c.metric == BUBBLE)
+
 
 def compare_runs(
     cur: duckdb.DuckDBPyConnection, base: duckdb.DuckDBPyConnection, cfg: CheckConfig
 ) -> Comparison:
     """Everything the compare page shows, from the definitions check and the analyses use."""
-    verdicts, changes = check_against(cur, base, cfg)
-    limit = float(cfg.values["max_regression"])
     p_cur, p_base = pipeline_facts(cur), pipeline_facts(base)
-    bubble = baseline.judge_runs(BUBBLE, p_cur.bubble, p_base.bubble, limit)
+    verdicts, changes = check_against(cur, base, cfg, (p_cur, p_base))
     return Comparison(
-        limit,
+        float(cfg.values["max_regression"]),
         tuple(check_mod.unevaluated_fail(verdicts)),
         tuple(changes),
         tuple(baseline.summarize(changes)),
-        tuple(bubble),
         p_cur,
         p_base,
     )

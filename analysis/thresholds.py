@@ -19,7 +19,7 @@ class Threshold:
         label: what the verdicts call the metric.
         help: the help text of its command-line flag.
         query: (subject, value[, parallelism]) rows over the run's analysis views; None for a
-            threshold judged against `--baseline` (baseline.compare) instead.
+            threshold judged against `--baseline` (run_compare.check_against) instead.
         activity: its query reads the activity views (held once for all such checks).
     """
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from ranklens.analysis import by_name
+from ranklens.analysis import by_name, run_compare
 from ranklens.analysis.advice import tailor
 from ranklens.analysis.report import build_report
 from ranklens.analysis.results_store import finalize_run
@@ -218,11 +218,33 @@ def dashboard(
             "judged as `check --baseline` judges it."
         ),
     ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            help="Thresholds for the Compare page, as `check --config` reads them "
+            "([check] table or pyproject's [tool.ranklens.check])."
+        ),
+    ] = None,
+    max_regression: Annotated[
+        str | None,
+        typer.Option(help="Regression allowed vs --baseline on the Compare page (5%), as check's."),
+    ] = None,
 ) -> None:
     """Serve the dashboard: overview, aligned timeline, pipeline, communication, contention and
     stragglers, findings, a comparison with --baseline, read-only SQL. Trace inputs are
-    ingested into a temporary database."""
+    ingested into a temporary database. The Compare page's verdict is `ranklens check RUN
+    --baseline BASE` with the same --config and --max-regression."""
     from ranklens.dashboards.server import serve  # dash loads only for this command
+
+    thresholds = None
+    if baseline is not None:  # resolved before anything is read: a bad value is check's error
+        thresholds = run_compare.baseline_config({"max_regression": max_regression}, config)
+    elif config is not None or max_regression is not None:
+        raise RanklensError(
+            "--config and --max-regression set the Compare page's thresholds, which needs a "
+            "baseline",
+            "add --baseline BASE (a ranklens database or trace directory)",
+        )
 
     serve(
         source,
@@ -231,6 +253,7 @@ def dashboard(
         port=port,
         log=lambda msg: err.print(msg, highlight=False),
         baseline=baseline,
+        check_config=thresholds,
     )
 
 

@@ -14,6 +14,7 @@ import duckdb
 import flask
 from ranklens.analysis import run_compare
 from ranklens.analysis.baseline import Change
+from ranklens.analysis.check_config import CheckConfig
 from ranklens.analysis.run_compare import Comparison
 from ranklens.dashboards.data import RunData
 
@@ -33,10 +34,13 @@ ONE_KEY = ("step_time", run_compare.BUBBLE)  # metrics with one value per rank
 
 @dataclass(frozen=True)
 class Baseline:
-    """The run the current one is compared with, and what the user called it."""
+    """The run the current one is compared with, what the user called it, and check's
+    thresholds as `ranklens dashboard --config/--max-regression` resolved them
+    (run_compare.baseline_config; None: ./pyproject.toml's, resolved when first shown)."""
 
     data: RunData
     name: str
+    config: CheckConfig | None = None
 
 
 def baseline() -> Baseline | None:
@@ -47,17 +51,20 @@ def baseline() -> Baseline | None:
 
 
 def comparison(data: RunData, base: Baseline) -> Comparison:
-    """The current run against `base`, with check's thresholds as `ranklens check` reads them
-    (`[tool.ranklens.check]` of ./pyproject.toml, max_regression 5% unless set): once per run."""
+    """The current run against `base`, with the thresholds `ranklens check --baseline` would
+    take from the same flags (base.config; else ./pyproject.toml's, max_regression 5% unless
+    set): once per run and thresholds."""
+    cfg = base.config if base.config is not None else run_compare.baseline_config({})
 
     def build(cur: duckdb.DuckDBPyConnection) -> Comparison:
         other = base.data.cursor()
         try:
-            return run_compare.compare_runs(cur, other, run_compare.baseline_config({}))
+            return run_compare.compare_runs(cur, other, cfg)
         finally:
             other.close()
 
-    out = data.cached("comparison", build)
+    # keyed by the thresholds too: a verdict is only ever shown for the config that made it
+    out = data.cached(f"comparison {base.name} {sorted(cfg.values.items())!r}", build)
     assert isinstance(out, Comparison)
     return out
 
@@ -107,7 +114,7 @@ class RankRow:
 
 def columns(cmp: Comparison) -> list[Column]:
     """Step time, bubble, then exposed comm and comm share per parallelism (present ones)."""
-    seen = {(c.metric, c.key) for c in (*cmp.changes, *cmp.bubble)}
+    seen = {(c.metric, c.key) for c in cmp.changes}
     keys = sorted({k for m, k in seen if m in ("exposed_comm", "comm_share")})
     order = [("step_time", "all"), (run_compare.BUBBLE, "PP")]
     order += [(m, k) for k in keys for m in ("exposed_comm", "comm_share")]
@@ -117,7 +124,7 @@ def columns(cmp: Comparison) -> list[Column]:
 def rank_rows(cmp: Comparison) -> list[RankRow]:
     """One row per rank in both runs, the biggest regression first (then the biggest change)."""
     by_rank: dict[int, dict[str, Change]] = {}
-    for c in (*cmp.changes, *cmp.bubble):
+    for c in cmp.changes:
         by_rank.setdefault(c.rank, {})[Column(c.metric, c.key).id] = c
     rows = [
         RankRow(

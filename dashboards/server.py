@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ExitStack
 
+from ranklens.analysis.check_config import CheckConfig
 from ranklens.dashboards.app import create_app, warm_pages
 from ranklens.dashboards.data import RunData
 from ranklens.dashboards.data_compare import Baseline, comparison
@@ -26,10 +27,13 @@ def serve(
     log: Callable[[str], None] = print,
     debug: bool = False,
     baseline: str | None = None,
+    check_config: CheckConfig | None = None,
 ) -> None:
     """Ingest if needed, analyze, and serve until interrupted (127.0.0.1 unless told).
     `baseline`: a second run (database or traces, opened the same way, read-only) that the
-    compare page sets the first against."""
+    compare page sets the first against, judged with `check_config` (run_compare.baseline_config
+    of `dashboard --config/--max-regression`, so the page says what `check` would; None:
+    ./pyproject.toml's thresholds)."""
     with ExitStack() as stack:
         run = stack.enter_context(open_run(source, options))
         data = RunData(run.db_path)  # its own sandboxed connections: see Run
@@ -37,7 +41,7 @@ def serve(
         base: Baseline | None = None
         if baseline is not None:
             base_run = stack.enter_context(open_run([baseline], options, for_baseline=True))
-            base = Baseline(RunData(base_run.db_path), baseline)
+            base = Baseline(RunData(base_run.db_path), baseline, check_config)
             stack.callback(base.data.close)
         log("analyzing the run ...")
         data.warm()

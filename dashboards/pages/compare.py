@@ -3,8 +3,8 @@
 Why: "did my change make it slower, where?" is answered rank by rank: step time in ms and %,
 bubble, exposed comm and comm share per parallelism, with the differences `ranklens check
 --baseline` would call regressions highlighted in their metric's colour and the ranks that
-regressed most on top. The header says what check would print. Opened with
-`ranklens dashboard RUN --baseline BASE`.
+regressed most on top. The header says what check would print with the same thresholds.
+Opened with `ranklens dashboard RUN --baseline BASE [--config FILE] [--max-regression X]`.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def verdict_card(verdicts: tuple[Verdict, ...], regressions: tuple[str, ...], co
 
 
 def legend(limit: float) -> html.Div:
-    """What a highlighted cell means and where the bubble judgement differs from check's."""
+    """What a highlighted cell means: check's rule, for every column, bubble included."""
     swatches = [
         html.Span(
             dc.LABELS[m],
@@ -117,8 +117,9 @@ def legend(limit: float) -> html.Div:
             "points of the step) and the runs' step-to-step noise, check's rule. ",
             *swatches,
             html.Br(),
-            "Bubble (median per step of the pipeline analysis) is judged by the same rule for "
-            "this page; check gates it only through --max-bubble. Hover a cell for its noise.",
+            "Bubble: each PP stage's share of the step (median per step of the pipeline "
+            "analysis), judged and counted by check --baseline like the others. "
+            "Hover a cell for its noise.",
         ],
         id="compare-legend",
         style={"color": "#555", "fontSize": "13px", "margin": "6px 0"},

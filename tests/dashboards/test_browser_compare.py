@@ -38,6 +38,8 @@ def test_compare_page_shows_both_runs_and_the_slow_stage(browser: Any, compared:
     verdict = text(browser, "#compare-verdict")
     assert f"check --baseline would {'FAIL' if cmp.exit_code else 'pass'}" in verdict
     assert "pp4_1f1b_m8" in text(browser, "#_pages_content")
+    assert all(line in verdict for line in cmp.regressions)  # bubble lines included
+    assert "--max-bubble" not in text(browser, "#compare-legend")  # bubble counts in check
     cells = browser.execute_script(
         """return Array.from(document.querySelectorAll('#compare-table tr.compare-row'), tr =>
              Object.fromEntries(Array.from(tr.cells, td => [td.dataset.column,
