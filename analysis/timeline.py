@@ -11,7 +11,9 @@ Also here: the exposed-communication and idle/bubble segments of a window (a swe
 classes compute, non-PP comm, PP comm, memory per rank; exposed = comm with no compute;
 idle = none of compute, non-PP comm or memory, i.e. idle time plus PP waits, as the pipeline
 analysis counts bubbles; for an aggregated window packed per bucket, so its overlays stay:
-timeline_overlays.py), and the ranks of one collective instance.
+timeline_overlays.py), the events of a window that are exposed and by how much (exact from
+raw events, for a finding's evidence in an aggregated window), and the ranks of one
+collective instance.
 
 Device activity is what the other analyses count: GPU kernels, memcpy and memset of GPU ranks,
 host compute/comm spans of CPU-only (gloo) ranks; the exposed/idle segments come from it alone.
@@ -112,6 +114,39 @@ SELECT rank, label, min(s) AS s, max(e) AS e FROM isl GROUP BY rank, label, isla
 HAVING max(e) - min(s) >= $min_ns ORDER BY rank, s"""
 # The same segments packed per bucket, for aggregated windows (analysis.timeline_overlays).
 _PACKED = ovl.packed_sql(_SEGMENTS)
+
+# Algorithm: an event's exposed time is its time in the window that no compute of its rank
+# covers (what _SEGMENTS labels exposed, for a comm event). Its rank's compute in the window
+# is merged into disjoint islands: an island starts where a start passes the running max of
+# the ends before it, and ends at the next island's running max (the last: the rank's last
+# end). Each island carries the compute time before it (a running sum over disjoint islands:
+# the length of their union), so F(x), the compute time before x, is one ASOF lookup of the
+# last island starting at or before x, and the event's clipped [cs, ce) is covered for
+# F(ce) - F(cs) of it. One sort of the compute events; no pairwise interval join.
+_EXPOSED = f"""WITH ev AS ({_EVENTS}),
+x AS (SELECT rank, stream, s, e, dur_ns, greatest(s, $start) AS cs, least(e, $end) AS ce
+      FROM ev WHERE list_contains($kinds, kind) AND ($par IS NULL OR parallelism = $par)),
+c AS (SELECT rank, greatest(s, $start) AS s, least(e, $end) AS e FROM ev
+      WHERE kind = 'compute' AND e > s AND rank IN (SELECT DISTINCT rank FROM x)),
+m AS (SELECT rank, s, max(e) OVER (PARTITION BY rank ORDER BY s, e
+                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS pe
+      FROM c),
+last AS (SELECT rank, max(e) AS e FROM c GROUP BY rank),
+st AS (SELECT rank, s, pe FROM m WHERE pe IS NULL OR s > pe),
+isl AS (SELECT rank, st.s,
+               coalesce(lead(st.pe) OVER (PARTITION BY rank ORDER BY st.s), last.e) AS e
+        FROM st JOIN last USING (rank)),
+cov AS (SELECT rank, s, e, coalesce(sum(e - s) OVER (PARTITION BY rank ORDER BY s
+                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
+        FROM isl),
+fs AS (SELECT x.*, coalesce(a.before + least(x.cs, a.e) - a.s, 0) AS f0
+       FROM x ASOF LEFT JOIN cov a ON x.rank = a.rank AND x.cs >= a.s),
+fe AS (SELECT fs.*, coalesce(b.before + least(fs.ce, b.e) - b.s, 0) AS f1
+       FROM fs ASOF LEFT JOIN cov b ON fs.rank = b.rank AND fs.ce >= b.s),
+xp AS (SELECT *, (ce - cs) - (f1 - f0) AS exposed_ns FROM fe WHERE ce > cs)
+SELECT rank, stream, s AS start_ns, e AS end_ns, exposed_ns::BIGINT AS exposed_ns
+FROM xp WHERE exposed_ns > 0
+ORDER BY exposed_ns DESC, dur_ns DESC, rank, stream, start_ns LIMIT $n"""
 
 
 @dataclass(frozen=True)
@@ -300,6 +335,25 @@ def _rebucket(coarse: pl.DataFrame, base_w: int, start: int, end: int, w: int) -
 def _count_lanes(con: duckdb.DuckDBPyConnection, p: Params) -> int:
     sql = f"WITH ev AS ({_DRAWN}) SELECT count(*) AS n FROM (SELECT DISTINCT rank, stream FROM ev)"
     return int(_query(con, sql, p)["n"][0])
+
+
+def exposed_events(
+    con: duckdb.DuckDBPyConnection,
+    ext: Extent,
+    start_ns: int,
+    end_ns: int,
+    ranks: list[int] | None,
+    kinds: tuple[str, ...] = ("comm",),
+    parallelism: str | None = None,
+    limit: int = 300,
+) -> pl.DataFrame:
+    """The device events of `kinds` (of `parallelism`; None: any) in [start_ns, end_ns) on
+    `ranks` (None: all) that are exposed: part of their time in the window has no compute on
+    their rank. Columns rank, stream, start_ns, end_ns (job clock), exposed_ns; the most
+    exposed first, at most `limit`. Exact from raw events, yet reads only the window's events
+    (for an aggregated view, whose segments are packed per bucket)."""
+    p = {**_params(ext, start_ns, end_ns, ranks), "kinds": list(kinds), "par": parallelism}
+    return _query(con, _EXPOSED, {**p, "n": int(limit)})
 
 
 def instance(con: duckdb.DuckDBPyConnection, rank: int, stream: int, ts_ns: int) -> pl.DataFrame:

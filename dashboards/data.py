@@ -24,9 +24,11 @@ import polars as pl
 from ranklens.analysis import Result, by_name
 from ranklens.analysis import timeline as tl
 from ranklens.analysis import timeline_lanes as tlz
+from ranklens.analysis import timeline_overlays as ovl
 from ranklens.analysis.report import Report, build_report, run_facts
 from ranklens.analysis.sql_console import cursor as sandboxed_cursor
 from ranklens.analysis.sql_console import safe_connect
+from ranklens.analysis.timeline_store import stored_overview
 
 CONFIG_KEY = "RANKLENS_RUN"
 MEMO_SIZE = 64  # pages and figures kept per run (each page and deep link, a few figures)
@@ -159,7 +161,9 @@ class RunData:
     def timeline_base(self) -> tl.Overview:
         """The run's busy time in fixed buckets, which zoomed-out timeline views re-aggregate."""
         ext = self.extent()
-        base = self.cached("timeline_base", lambda cur: tl.overview(cur, ext))
+        base = self.cached(
+            "timeline_base", lambda cur: stored_overview(cur) or tl.overview(cur, ext)
+        )
         assert isinstance(base, tl.Overview)
         return base
 
@@ -195,17 +199,27 @@ class RunData:
 
 
 def evidence(
-    cur: duckdb.DuckDBPyConnection, win: tl.Window, code: str, ranks: list[int] | None
+    cur: duckdb.DuckDBPyConnection,
+    win: tl.Window,
+    code: str,
+    ranks: list[int] | None,
+    ext: tl.Extent | None = None,
 ) -> pl.DataFrame | None:
     """The events of a timeline window that are a finding's evidence (EVIDENCE), on `ranks`
-    (None: all), the longest MAX_OUTLINES, as rows (rank, stream, start_ns, end_ns) to
-    outline; None when the code has no evidence events (idle time, alignment). From the
-    window's own events, or, when it is aggregated into buckets, from the database (there
-    the exposed-only filter is left out: exposure is computed on raw events only)."""
+    (None: all), at most MAX_OUTLINES, as rows (rank, stream, start_ns, end_ns) to outline;
+    None when the code has no evidence events (idle time, alignment). From the window's own
+    events (the longest first), or, when it is aggregated into buckets, from the database:
+    there exposed-only evidence is computed from the raw events (analysis.timeline
+    .exposed_events, the most exposed first; `ext`: the run's, else read here), since the
+    window's own exposed segments are packed per bucket."""
     spec = next((e for e in EVIDENCE if code.startswith(e[0])), None)
     if spec is None:
         return None
     _, kinds, par, exposed = spec
+    if win.mode != "events" and exposed:
+        ext = ext if ext is not None else tl.extent(cur)
+        hit = tl.exposed_events(cur, ext, win.start_ns, win.end_ns, ranks, kinds, par, MAX_OUTLINES)
+        return hit.select("rank", "stream", "start_ns", "end_ns")
     if win.mode != "events":
         return _evidence_query(cur, win, kinds, par, ranks)
     ev = win.events.filter(pl.col("kind").is_in(kinds))
@@ -213,9 +227,11 @@ def evidence(
         ev = ev.filter(pl.col("rank").is_in(ranks))
     if par is not None:
         ev = ev.filter(pl.col("parallelism") == par)
-    if exposed and not win.segments.is_empty():
-        seg = win.segments.filter(pl.col("label") == "exposed").select(
-            "rank", pl.col("s").alias("xs"), pl.col("e").alias("xe")
+    if exposed:  # no exposed segment in view: no evidence (not every comm event)
+        seg = (
+            _segments(win)
+            .filter(pl.col("label") == "exposed")
+            .select("rank", pl.col("s").alias("xs"), pl.col("e").alias("xe"))
         )
         hit = ev.join(seg, on="rank").filter(
             (pl.col("xs") < pl.col("e")) & (pl.col("xe") > pl.col("s"))
@@ -226,6 +242,10 @@ def evidence(
         .head(MAX_OUTLINES)
         .select("rank", "stream", pl.col("s").alias("start_ns"), pl.col("e").alias("end_ns"))
     )
+
+
+def _segments(win: tl.Window) -> pl.DataFrame:
+    return win.segments if "label" in win.segments.columns else ovl.empty()
 
 
 def _evidence_query(

@@ -126,7 +126,8 @@ def render(
     cur = data.cursor()
     try:
         win = tl.window(cur, ext, start_ns, end_ns, ranks, base=data.timeline_base())
-        shown = evidence(cur, win, hl, ranks) if hl else None
+        key = ("evidence", hl, start_ns, end_ns, tuple(ranks or ()))
+        shown = data.memo(key, lambda: evidence(cur, win, hl, ranks, ext)) if hl else None
         found, n_found = (
             tlz.matches(cur, ext, start_ns, end_ns, ranks, q)
             if q and win.mode != "events"
@@ -204,7 +205,10 @@ def update(
         if found is None:
             return (dash.no_update,) * 8 + (pos,)
         sel, start, end = found
+        # Selected as a click selects it: details, flows, its collective on every rank.
         details = td.panel(data, sel)
+        highlight, info = selection_instance(data, sel)
+        ranks, start, end = _bring_into_view(data, sel, highlight, ranks, start, end)
     elif trigger == "timeline-graph.clickData":
         picked = td.clicked(click)
         highlight, info = instance_view(data, click)
@@ -212,17 +216,7 @@ def update(
             return (dash.no_update,) * 4 + (info,) + (dash.no_update,) * 4
         if picked is not None:
             sel, details = picked, td.panel(data, picked)
-            span = td.flow_span(td.marks_of(data, sel)[1])
-            if span is not None and (span[0] < start or span[1] > end):
-                pad = max((span[1] - span[0]) // 10, 1000)  # bring launch and kernel into view
-                start, end = min(start, span[0] - pad), max(end, span[1] + pad)
-        if highlight is not None:
-            # Show the whole instance on every member rank, even where it lies outside the view.
-            lo, hi = int(highlight["arrive_ns"].min()), int(highlight["end_ns"].max())  # type: ignore[arg-type]
-            pad = max((hi - lo) // 10, 1000)
-            start, end = min(start, lo - pad), max(end, hi + pad)
-            if ranks:
-                ranks = sorted(set(ranks) | set(highlight["rank"].to_list()))
+        ranks, start, end = _bring_into_view(data, picked, highlight, ranks, start, end)
     elif trigger == "timeline-relayout.data":
         new = _relayout_window(data, relayout, start, end)
         if new is None:
@@ -240,6 +234,29 @@ def update(
     step = step_of(data, ranks, start, end)
     store = {"start_ns": start, "end_ns": end, "hl": hl, "cp": cp, "q": q, "sel": sel}
     return fig, store, label, link, info, step, ranks, details, pos
+
+
+def _bring_into_view(
+    data: RunData,
+    sel: td.Selection | None,
+    inst: pl.DataFrame | None,
+    ranks: list[int] | None,
+    start: int,
+    end: int,
+) -> tuple[list[int] | None, int, int]:
+    """Ranks and window widened so that the selected event's launch -> kernel flows and its
+    collective instance (every member rank, even where it lies outside the view) show."""
+    span = td.flow_span(td.marks_of(data, sel)[1]) if sel is not None else None
+    if span is not None and (span[0] < start or span[1] > end):
+        pad = max((span[1] - span[0]) // 10, 1000)
+        start, end = min(start, span[0] - pad), max(end, span[1] + pad)
+    if inst is not None:
+        lo, hi = int(inst["arrive_ns"].min()), int(inst["end_ns"].max())  # type: ignore[arg-type]
+        pad = max((hi - lo) // 10, 1000)
+        start, end = min(start, lo - pad), max(end, hi + pad)
+        if ranks:
+            ranks = sorted(set(ranks) | set(inst["rank"].to_list()))
+    return ranks, start, end
 
 
 def search_step(

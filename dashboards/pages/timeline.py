@@ -2,8 +2,9 @@
 
 Why windowed: a large run has millions of events; every pan or zoom asks analysis.timeline
 for the visible window only (events, or busy-time buckets when zoomed out), so the browser
-never receives more than a few thousand rectangles. Clicking a collective outlines the same
-instance on every rank. Deep link: `/timeline?rank=0,3&step=4&start=120.5&end=180&hl=CODE&cp=1`
+never receives more than a few thousand rectangles. Clicking a collective, or reaching it
+with a search's next/previous, outlines the same instance on every rank and lists it.
+Deep link: `/timeline?rank=0,3&step=4&start=120.5&end=180&hl=CODE&cp=1`
 (ms since the run's origin on the job clock; `hl`: the finding whose evidence is outlined;
 `cp=1`: the critical path of the steps in view drawn over the lanes of its ranks; `q`: a
 name searched, its matches outlined, stepped through in time order with next/previous;

@@ -121,6 +121,8 @@ def test_a_reloaded_link_shows_the_clicked_event(browser: Any, gpu_app: LiveApp)
 
 
 def test_next_and_previous_match_step_through_the_search(browser: Any, gpu_app: LiveApp) -> None:
+    """Each match selected as a click selects it: details, and (an all-reduce of ranks 0 and
+    1) its instance listed and outlined on both ranks."""
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys
 
@@ -129,15 +131,18 @@ def test_next_and_previous_match_step_through_the_search(browser: Any, gpu_app: 
     cur = app.data.cursor()
     try:
         want = cur.execute(
-            "SELECT stream, ts_ns, ats_ns FROM events_aligned "
-            "WHERE rank = 0 AND name ILIKE '%allreduce%' "
-            "ORDER BY ats_ns, rank, stream, ts_ns, dur_ns"
+            "SELECT e.rank, e.stream, e.ts_ns, e.ats_ns, c.instance_id, "
+            "  (SELECT count(*) FROM collectives k WHERE k.instance_id = c.instance_id) "
+            "FROM events_aligned e LEFT JOIN collectives c USING (rank, stream, ts_ns) "
+            "WHERE e.rank IN (0, 1) AND e.name ILIKE '%allreduce%' "
+            "ORDER BY e.ats_ns, e.rank, e.stream, e.ts_ns, e.dur_ns"
         ).fetchall()
     finally:
         cur.close()
     n = len(want)
-    start = (want[2][2] - t0) // 1000 / 1000  # the µs the third match starts in
-    open_page(browser, app.url(f"/timeline?rank=0&start={start:.3f}&end={start + 2:.3f}"), GRAPH)
+    start = (want[2][3] - t0) // 1000 / 1000  # the µs the third match starts in
+    url = f"/timeline?rank=0,1&start={start:.3f}&end={start + 2:.3f}"
+    open_page(browser, app.url(url), GRAPH)
     box = browser.find_element("id", "timeline-search")
     ActionChains(browser).click(box).send_keys("allreduce", Keys.ENTER).perform()
     wait_for(browser, "window.location.search.includes('q=allreduce')", timeout=30)
@@ -148,14 +153,27 @@ def test_next_and_previous_match_step_through_the_search(browser: Any, gpu_app: 
             f"document.querySelector('#timeline-search-pos').innerText === '{k} of {n}'",
             timeout=30,
         )
-        stream, ts, ats = want[k - 1]
+        rank, stream, ts, ats, iid, members = want[k - 1]
         wait_for(
             browser,
             "document.querySelector('#timeline-details-table td[data-column=ts_ns]')"
             f"?.innerText === '{ts}'",
             timeout=30,
         )
-        assert f"sel=0:{stream}:{ts}:" in browser.current_url
+        assert f"sel={rank}:{stream}:{ts}:" in browser.current_url
+        assert iid is not None and members == 2
+        wait_for(
+            browser,
+            "document.querySelector('#timeline-instance')?.innerText"
+            f".includes('collective instance {iid}:')",
+            timeout=30,
+        )
+        assert "arrived" in text(browser, "#timeline-instance-late")
+        wait_for(
+            browser,
+            f"(document.querySelector('{GRAPH}').layout.shapes || []).length === {members}",
+            timeout=30,
+        )
         x0, x1 = browser.execute_script(
             "return document.querySelector(arguments[0])._fullLayout.xaxis.range;", GRAPH
         )
