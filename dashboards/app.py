@@ -68,12 +68,19 @@ def create_app(
     return app
 
 
-def warm_pages(app: dash.Dash) -> None:
-    """Render every page's default view once, so its figures are kept (RunData.memo) and the
-    first visitor is served from memory; the server does this before it opens its port."""
+def warm_pages(app: dash.Dash, paths: list[str] | None = None) -> None:
+    """Render every page's default view (or those at `paths`) once, so its figures are kept
+    (RunData.memo) and the first visitor is served from memory (dashboards.server: the first
+    page before the port opens, the others right after)."""
     for page in dash.page_registry.values():
-        with app.server.test_request_context(page["path"]):
-            page["layout"]()
+        if paths is None or page["path"] in paths:
+            with app.server.test_request_context(page["path"]):
+                page["layout"]()
+
+
+def page_paths() -> list[str]:
+    """The registered pages' paths, in the page bar's order."""
+    return [str(page["path"]) for page in dash.page_registry.values()]
 
 
 def _layout() -> html.Div:

@@ -1,21 +1,28 @@
 """Serve the dashboard for a run given as a database or as trace files.
 
-Why here and not in the CLI: the CLI stays a thin narrator; this computes the analyses before
-the port opens, so the first page is served from memory. The run is opened like every other
+Why here and not in the CLI: the CLI stays a thin narrator; this reads (or computes) the
+analyses and renders the first page before the port opens, so it is served from memory, and
+warms the other pages right after (Warmer). The run is opened like every other
 command's (ingest.run.open_run: the same options, the same temporary ingest, removed when the
 server stops, also on SIGTERM since the entry point turns it into an exception).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextlib import ExitStack
+from functools import partial
 
+import dash
+import flask
 from ranklens.analysis.check_config import CheckConfig
-from ranklens.dashboards.app import create_app, warm_pages
+from ranklens.dashboards.app import create_app, page_paths, warm_pages
 from ranklens.dashboards.data import RunData
 from ranklens.dashboards.data_compare import Baseline, comparison
 from ranklens.ingest.run import OpenOptions, open_run
+
+FIRST_PAGE_WAIT_S = 5.0  # the warming waits this long at most for the first page's request
 
 
 def serve(
@@ -44,11 +51,52 @@ def serve(
             base = Baseline(RunData(base_run.db_path), baseline, check_config)
             stack.callback(base.data.close)
         log("analyzing the run ...")
-        data.warm()
-        if base is not None:
-            log(f"comparing with the baseline {baseline} ...")
-            comparison(data, base)
+        data.report()  # stored by ingest: read back, else computed now
         app = create_app(run.db_path, data=data, baseline=base)
-        warm_pages(app)
+        warm_pages(app, ["/"])
+        rest = Warmer(app, data, base)  # the other pages while the first one is served
+        stack.callback(rest.stop)  # before the run is closed (callbacks run last-in first)
         log(f"ranklens dashboard on http://{host}:{port}/  (Ctrl+C to stop)")
         app.run(host=host, port=port, debug=debug, use_reloader=False)
+
+
+class Warmer:
+    """Warms what the first page does not need (the timeline's overview and lanes, the
+    comparison, every other page's default view) on a thread once the port is open, so a
+    stored run's first page is served within a couple of seconds of the start and the other
+    pages are ready by the time they are clicked; a page asked for before that is computed
+    on demand (RunData keeps one of each). It starts once the first page's content has been
+    asked for (or after FIRST_PAGE_WAIT_S), not to slow that page down."""
+
+    def __init__(self, app: dash.Dash, data: RunData, base: Baseline | None) -> None:
+        self._halt = threading.Event()
+        self._steps: list[Callable[[], object]] = [data.timeline_base, data.timeline_lanes]
+        if base is not None:
+            self._steps.append(lambda: comparison(data, base))
+        self._steps += [partial(warm_pages, app, [p]) for p in page_paths() if p != "/"]
+        self._served = threading.Event()
+        app.server.after_request(self._seen)
+        self._thread = threading.Thread(target=self._run, name="ranklens-warm", daemon=True)
+        self._thread.start()
+
+    def _seen(self, response: flask.Response) -> flask.Response:
+        """The first page's content was asked for: warming may compete for the CPU now."""
+        if flask.request.path == "/_dash-update-component":
+            self._served.set()
+        return response
+
+    def _run(self) -> None:
+        self._served.wait(FIRST_PAGE_WAIT_S)
+        for step in self._steps:
+            if self._halt.is_set():
+                return
+            try:
+                step()
+            except Exception:
+                continue
+
+    def stop(self) -> None:
+        """Let the step in progress finish (it holds a connection to the run), skip the rest."""
+        self._halt.set()
+        self._served.set()
+        self._thread.join()

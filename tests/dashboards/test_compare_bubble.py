@@ -165,8 +165,9 @@ def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[run_compare.Compari
     """`ranklens dashboard` run to the point it would listen: what its compare page holds
     (the other pages left unwarmed: not what is tested here, and most of the time)."""
     seen: list[run_compare.Comparison] = []
-    monkeypatch.setattr(server, "warm_pages", lambda app: None)
-    monkeypatch.setattr(RunData, "warm", lambda self: None)
+    monkeypatch.setattr(server, "warm_pages", lambda app, paths=None: None)
+    monkeypatch.setattr(server.Warmer, "__init__", lambda self, *a: None)
+    monkeypatch.setattr(server.Warmer, "stop", lambda self: None)
 
     def run(self: dash.Dash, **_: Any) -> None:
         with self.server.test_request_context(compare.PATH):

@@ -1,0 +1,97 @@
+"""`ranklens dashboard` on a run ingested before: the first page is ready when the port opens,
+built from the results ingest stored (no dependency graph, no analysis recomputed), and every
+other page is warmed right after on a thread that stops before the run is closed."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import dash
+import pytest
+from ranklens.analysis import REGISTRY, critical_path, results_store
+from ranklens.analysis import timeline as tl
+from ranklens.dashboards import server
+from ranklens.dashboards.app import page_paths
+from ranklens.dashboards.data import current
+from ranklens.ingest.run import ingest_traces
+
+from .conftest import REPO
+
+SAMPLE = REPO / "sample_traces" / "megatron_tp2_pp2_dp2" / "raw"
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("start") / "run.duckdb"
+    ingest_traces([str(SAMPLE)], db, finalize=results_store.finalize_run)
+    return db
+
+
+def _page_keys(memo: Any) -> set[str]:
+    return {k[1] for k in memo if isinstance(k, tuple) and k and k[0] == "page"}
+
+
+def test_first_page_ready_at_start_and_the_rest_warmed_from_stored_results(
+    stored: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("computed at start although ingest stored it")
+
+    monkeypatch.setattr(critical_path, "model", refuse)  # the what-if fixes come stored
+    monkeypatch.setattr(tl, "overview", refuse)  # the timeline overview comes stored
+    for mod in REGISTRY:
+        monkeypatch.setattr(mod, "run", refuse)
+    seen: dict[str, Any] = {}
+    real_init = server.Warmer.__init__
+
+    def init(self: server.Warmer, app: dash.Dash, data: Any, base: Any) -> None:
+        seen["at_port"] = _page_keys(data._memo)  # what is kept before the warming starts
+        real_init(self, app, data, base)
+
+    monkeypatch.setattr(server.Warmer, "__init__", init)
+
+    def run(self: dash.Dash, **_: Any) -> None:
+        with self.server.test_request_context("/"):
+            data = current()
+            end = time.monotonic() + 120
+            want = {
+                m for m in (_module_of(p) for p in page_paths()) if m is not None
+            }  # every page kept (keep=False pages, the SQL console, are never kept)
+            while _page_keys(data._memo) < want and time.monotonic() < end:
+                time.sleep(0.05)
+            seen["warmed"] = _page_keys(data._memo)
+            seen["want"] = want
+            seen["base"] = data._cache.get("timeline_base")
+
+    monkeypatch.setattr(dash.Dash, "run", run)
+    server.serve([str(stored)], log=lambda _: None)
+    assert seen["at_port"] == {"ranklens.dashboards.pages.overview"}  # "/" and only it
+    assert seen["warmed"] == seen["want"] and len(seen["want"]) >= 5
+    assert isinstance(seen["base"], tl.Overview)
+
+
+def _module_of(path: str) -> str | None:
+    """The module of the kept page at `path` (None: a page that is not kept)."""
+    for page in dash.page_registry.values():
+        if page["path"] == path:
+            module = str(page["module"])
+            return None if module.endswith(".sql") else module
+    return None
+
+
+def test_the_warmer_stops_before_the_run_is_closed(
+    stored: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[server.Warmer] = []
+    real_init = server.Warmer.__init__
+
+    def init(self: server.Warmer, *a: Any) -> None:
+        real_init(self, *a)
+        threads.append(self)
+
+    monkeypatch.setattr(server.Warmer, "__init__", init)
+    monkeypatch.setattr(dash.Dash, "run", lambda self, **_: None)  # Ctrl+C at once
+    server.serve([str(stored)], log=lambda _: None)
+    assert len(threads) == 1 and not threads[0]._thread.is_alive()
