@@ -17,13 +17,14 @@ import os
 import stat
 import zlib
 
-from ranklens.ingest import kineto_schedule, nsys_inputs
+from ranklens.ingest import jax_trace, kineto_schedule, nsys_inputs
 from ranklens.ingest._model import Batch, Reader
 from ranklens.ingest.errors import MixedFormatsError
 
 READERS: tuple[Reader, ...] = (
     kineto_schedule.READER,
     nsys_inputs.READER,
+    jax_trace.READER,
 )
 
 HEAD_BYTES = 4096

@@ -34,20 +34,23 @@ def q(db: Path, sql: str) -> list[tuple[Any, ...]]:
 # what is registered
 # ---------------------------------------------------------------------------------------------
 def test_registered_readers() -> None:
-    assert [r.name for r in readers.READERS] == ["kineto", "nsys"]
+    assert [r.name for r in readers.READERS] == ["kineto", "nsys", "jax"]
     assert {r.name: r.suffixes for r in readers.READERS} == {
         "kineto": (".json", ".json.gz"),
         "nsys": (".sqlite", ".nsys-rep"),
+        "jax": (".json", ".json.gz"),  # shared with Kineto: its sniff takes only JAX traces
     }
-    assert [r.name for r in readers.READERS if r.sniff is not None] == []  # suffixes decide
-    # Kineto schedules its own worker processes; Nsight reads one file at a time.
+    assert [r.name for r in readers.READERS if r.sniff is not None] == ["jax"]
+    # Kineto schedules its own worker processes; Nsight and JAX read one file at a time.
     assert {r.name: (r.load is not None, r.read is not None) for r in readers.READERS} == {
         "kineto": (True, False),
         "nsys": (False, True),
+        "jax": (False, True),
     }
     assert [r.name for r in readers.READERS if r.carries_groups] == ["kineto"]
-    assert [r.name for r in readers.READERS if r.select is not None] == ["nsys"]
+    assert [r.name for r in readers.READERS if r.select is not None] == ["nsys", "jax"]
     assert readers.trace_suffixes() == (".json", ".json.gz", ".sqlite", ".nsys-rep")
+    # (tests/ingest/test_jax_reader.py: the JAX reader on real traces, scan to report)
 
 
 @pytest.mark.parametrize(
