@@ -27,6 +27,9 @@ from ranklens.dashboards.timeline_marks import Marks, name_matches
 
 MAX_SEARCH = 40  # characters of a search kept
 NEXT, PREV = "timeline-search-next.n_clicks", "timeline-search-prev.n_clicks"
+# Enter in the search box (its text is the callback's State): dcc.Input's debounce mode puts
+# the caret back after a re-render, so fast typing came out scrambled ("alreducel")
+SEARCH = "timeline-search.n_submit"
 
 
 def step_of(data: RunData, ranks: list[int] | None, start: int, end: int) -> int | None:
@@ -194,12 +197,12 @@ def update(
     start, end = int(win["start_ns"]), int(win["end_ns"])
     hl = win.get("hl")
     cp = bool(cp_v) if trigger == "timeline-cp.value" else bool(win.get("cp"))
-    q = search_text(q_v) if trigger == "timeline-search.value" else str(win.get("q") or "")
+    q = search_text(q_v) if trigger == SEARCH else str(win.get("q") or "")
     sel: td.Selection | None = win.get("sel")
     highlight = None
     info: Any = dash.no_update
     details: Any = dash.no_update
-    pos: Any = "" if trigger == "timeline-search.value" else dash.no_update
+    pos: Any = "" if trigger == SEARCH else dash.no_update
     if trigger in (NEXT, PREV):
         found, pos = search_step(data, ranks, q, sel, start, end, trigger == NEXT)
         if found is None:

@@ -92,14 +92,15 @@ def register(app: dash.Dash) -> None:
         Input("timeline-step", "value"),
         Input("timeline-reset", "n_clicks"),
         Input("timeline-cp", "value"),
-        Input("timeline-search", "value"),
+        Input("timeline-search", "n_submit"),
         Input("timeline-search-next", "n_clicks"),
         Input("timeline-search-prev", "n_clicks"),
         State("timeline-window", "data"),
+        State("timeline-search", "value"),
         prevent_initial_call=True,
     )
     def _update(*args: Any) -> tuple[Any, ...]:
-        relayout, click, ranks, step, _reset, cp, q, _next, _prev, win = args
+        relayout, click, ranks, step, _reset, cp, _enter, _next, _prev, win, q = args
         prop = ctx.triggered[0]["prop_id"] if ctx.triggered else ""
         return update(current(), prop, relayout, click, ranks, step, win, cp, q)
 
@@ -169,23 +170,8 @@ def layout(
             ),
             html.Div(
                 [
-                    html.Label("Ranks "),
-                    dcc.Dropdown(
-                        id="timeline-ranks",
-                        multi=True,
-                        value=ranks,
-                        options=[{"label": f"rank {r}", "value": r} for r in every],
-                        placeholder="all ranks",
-                        style={"minWidth": "300px"},
-                    ),
-                    html.Label(" Step "),
-                    dcc.Dropdown(
-                        id="timeline-step",
-                        value=step_i,
-                        clearable=True,
-                        options=[{"label": str(x), "value": x} for x in steps],
-                        style={"width": "120px"},
-                    ),
+                    *ui.rank_menu("timeline-ranks", ranks, every),
+                    *ui.step_menu("timeline-step", steps, step_i, clearable=True),
                     html.Button("Whole run", id="timeline-reset"),
                     dcc.Checklist(
                         id="timeline-cp",
@@ -195,8 +181,7 @@ def layout(
                     dcc.Input(
                         id="timeline-search",
                         type="search",
-                        value=text,
-                        debounce=True,
+                        value=text,  # searched on Enter (n_submit), see timeline_view.SEARCH
                         placeholder="search names (Enter)",
                         style={"width": "180px"},
                     ),
@@ -205,7 +190,7 @@ def layout(
                     html.Span(id="timeline-search-pos", style={"color": "#444"}),
                     html.A("link to this view", id="timeline-permalink", href=href),
                 ],
-                style={"display": "flex", "gap": "10px", "alignItems": "center"},
+                style=ui.CONTROLS,
             ),
             html.Div(
                 "; ".join(notes),

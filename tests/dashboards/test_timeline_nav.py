@@ -22,26 +22,19 @@ from ranklens.dashboards import timeline_view as tv
 from ranklens.dashboards.app import create_app
 from ranklens.dashboards.data import RunData
 from ranklens.dashboards.pages import timeline as tpage
-from ranklens.ingest import load_traces
-from ranklens.sample_traces.gpu_job import GpuJob, write_job
+from ranklens.sample_traces.gpu_job import GpuJob
 
+from .conftest import job_db, run_data
 from .test_timeline_run import drawn, sql
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dash.Dash]:
-    root = tmp_path_factory.mktemp("timeline-nav")
-    write_job(GpuJob(tp=2, dp=1, pp=2, m=2, steps=2), root / "raw")
-    load_traces([str(root / "raw")], root / "run.duckdb", workers=1)
-    data = RunData(root / "run.duckdb")
+    data = RunData(
+        job_db(tmp_path_factory.mktemp("timeline-nav"), GpuJob(tp=2, dp=1, pp=2, m=2, steps=2))
+    )
     yield create_app(data.db_path, data=data)
     data.close()
-
-
-def run_data(app: dash.Dash) -> RunData:
-    d = app.server.config["RANKLENS_RUN"]
-    assert isinstance(d, RunData)
-    return d
 
 
 def find(node: Any, cid: str) -> Any:
@@ -169,5 +162,5 @@ def test_a_new_search_clears_the_position(app: dash.Dash) -> None:
     s, e = tv.resolve(data, [0], None, None, None)
     win = {"start_ns": s, "end_ns": e}
     with app.server.test_request_context("/timeline"):
-        out = tv.update(data, "timeline-search.value", None, None, [0], None, win, None, "gemm")
+        out = tv.update(data, tv.SEARCH, None, None, [0], None, win, None, "gemm")
     assert out[8] == "" and out[1]["q"] == "gemm"
