@@ -21,6 +21,7 @@ spans on the main thread are waits); many ranks time-sharing few cores make this
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -122,6 +123,16 @@ def _per_step_worst(df: pl.DataFrame, col: str) -> tuple[float, int | None]:
     return float(top[col] or 0.0), int(top["rank"])
 
 
+def _finding(code: str, lost: float, floor: float, **kw: Any) -> Finding:
+    """A finding of `lost` ns per step: a warning past five times the floor of reporting."""
+    return Finding(
+        code=code,
+        severity=Severity.WARNING if lost > 5 * floor else Severity.INFO,
+        time_at_stake_ns=int(lost),
+        **kw,
+    )
+
+
 def _findings(
     table: pl.DataFrame,
     by_step: pl.DataFrame,
@@ -142,9 +153,10 @@ def _findings(
             top = cmp.sort("time_lost_ns", descending=True, maintain_order=True).head(5)
             first = top.row(0, named=True)
             out.append(
-                Finding(
-                    code="CONTENTION_COMPUTE_SLOWDOWN",
-                    severity=Severity.WARNING if lost > 5 * floor else Severity.INFO,
+                _finding(
+                    "CONTENTION_COMPUTE_SLOWDOWN",
+                    lost,
+                    floor,
                     message=(
                         f"compute runs {slow:.0%} slower beside communication (T_overlapped / "
                         f"T_alone - 1 over {int(cmp['n_matched'].sum())} runs); "
@@ -158,7 +170,6 @@ def _findings(
                         "kernels; keep the overlap while the hidden communication is larger "
                         "than the time lost here (overlap analysis)"
                     ),
-                    time_at_stake_ns=int(lost),
                     ranks=tuple(
                         int(r)
                         for r in by_step.filter(pl.col("time_lost_ns") > 0)
@@ -202,9 +213,10 @@ def _comm_finding(
         return []
     top = bad.sort("time_lost_ns", descending=True, maintain_order=True).row(0, named=True)
     return [
-        Finding(
-            code="CONTENTION_COMM_SLOWDOWN",
-            severity=Severity.WARNING if lost > 5 * floor else Severity.INFO,
+        _finding(
+            "CONTENTION_COMM_SLOWDOWN",
+            lost,
+            floor,
             message=(
                 f"{top['parallelism']} {top['coll_op']} runs {top['slowdown']:.0%} slower when "
                 f"other communication runs beside it; {lost / 1e6:.2f} ms lost per step "
@@ -216,7 +228,6 @@ def _comm_finding(
                 "durations include waits for late peers, so check the stragglers analysis "
                 "before tuning"
             ),
-            time_at_stake_ns=int(lost),
             ranks=tuple(sorted({int(r) for r in bad["compared_ranks"].explode().drop_nulls()})),
             steps=steps,
             value=float(top["slowdown"]),
@@ -260,9 +271,10 @@ def _copy_finding(
         .sort("direction")
     )
     return [
-        Finding(
-            code="CONTENTION_MEMCPY_EXPOSED",
-            severity=Severity.WARNING if exposed > 5 * floor else Severity.INFO,
+        _finding(
+            "CONTENTION_MEMCPY_EXPOSED",
+            exposed,
+            floor,
             message=(
                 f"{share:.0%} of H2D/D2H copy time runs with no compute beside it; "
                 f"{exposed / 1e6:.2f} ms per step on rank {rank}"
@@ -273,7 +285,6 @@ def _copy_finding(
                 "micro-batch's compute, or offload fewer layers (lower the offload ratio); for "
                 "input batches, pin_memory=True with non_blocking copies issued a step ahead"
             ),
-            time_at_stake_ns=int(exposed),
             ranks=tuple(sorted({int(r) for r in memcpy.filter(pl.col("exposed_ns") > 0)["rank"]})),
             steps=steps,
             value=share,

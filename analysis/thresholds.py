@@ -32,8 +32,14 @@ class Threshold:
 
 
 _FRACTION = "Fraction (0.25) or percentage (25%)."
-_PER_RANK = """SELECT 'rank ' || rank AS subject, {expr} AS value FROM {view}
+
+
+def _per_rank(name: str, kind: str, label: str, help: str, expr: str, view: str) -> Threshold:
+    """A threshold on one value per rank of an activity view (most of them are)."""
+    query = f"""SELECT 'rank ' || rank AS subject, {expr} AS value FROM {view}
                WHERE {expr} IS NOT NULL"""
+    return Threshold(name, kind, label, help, query, activity=True)
+
 
 _DECLARED = (
     Threshold(
@@ -58,38 +64,37 @@ _DECLARED = (
         GROUP BY p.rank, p.parallelism""",
         activity=True,
     ),
-    Threshold(
+    _per_rank(
         "min_overlap",
         "min",
         "overlap ratio |M ∩ C| / |M|, per rank",
         "Overlap ratio per rank.",
-        _PER_RANK.format(expr="overlap_ratio", view="overlap_by_rank"),
-        activity=True,
+        "overlap_ratio",
+        "overlap_by_rank",
     ),
-    Threshold(
+    _per_rank(
         "max_comm_share",
         "max",
         "communication share |M| / |W|, per rank",
         "Comm share per rank.",
-        _PER_RANK.format(expr="comm_share", view="breakdown_by_rank"),
-        activity=True,
+        "comm_share",
+        "breakdown_by_rank",
     ),
-    Threshold(
+    _per_rank(
         "max_idle",
         "max",
         "idle share of the step, per rank",
         "Idle share per rank.",
-        _PER_RANK.format(expr="idle_share", view="breakdown_by_rank"),
-        activity=True,
+        "idle_share",
+        "breakdown_by_rank",
     ),
-    Threshold(
+    _per_rank(
         "max_straggler_wait",
         "max",
         "share of the step others spend waiting for a rank",
         "Share of the step others wait for one rank.",
-        """SELECT 'rank ' || rank AS subject, net_held_back_share AS value
-        FROM stragglers_by_rank WHERE net_held_back_share IS NOT NULL""",
-        activity=True,
+        "net_held_back_share",
+        "stragglers_by_rank",
     ),
     Threshold(
         "max_align_residual_us",

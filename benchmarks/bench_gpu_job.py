@@ -22,17 +22,15 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import duckdb
+import job_shape
+from job_shape import WORK
 from ranklens.analysis import pipeline, stragglers
-from ranklens.sample_traces.gpu_job import GpuJob, write_job
-
-WORK = Path(__file__).resolve().parent / "_work"
 
 
 def _timed(cmd: list[str]) -> tuple[float, float]:
@@ -47,26 +45,15 @@ def _timed(cmd: list[str]) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for name, default in (("tp", 8), ("dp", 32), ("pp", 4), ("m", 8), ("steps", 4)):
-        ap.add_argument(f"--{name}", type=int, default=default)
+    job_shape.add_flags(ap, m=8, steps=4)
     ap.add_argument("--no-peers", action="store_true", help="traces without Src/Dst Rank")
     ap.add_argument("--rebuild", action="store_true")
     a = ap.parse_args()
-    job = GpuJob(
-        tp=a.tp,
-        dp=a.dp,
-        pp=a.pp,
-        m=a.m,
-        steps=a.steps,
-        peers=not a.no_peers,
-        rank_factor={a.tp * a.dp + 1: 1.3},
-    )
-    tag = f"gpujob_tp{a.tp}_dp{a.dp}_pp{a.pp}_m{a.m}_s{a.steps}" + ("_np" if a.no_peers else "")
+    job = job_shape.job(a, peers=not a.no_peers, rank_factor={a.tp * a.dp + 1: 1.3})
+    tag = f"gpujob_{job_shape.tag(a)}" + ("_np" if a.no_peers else "")
     src, db = WORK / tag, WORK / f"{tag}.duckdb"
-    if a.rebuild or not (src / "truth.json").exists():
-        shutil.rmtree(src, ignore_errors=True)
-        t0 = time.perf_counter()
-        write_job(job, src)
+    t0 = time.perf_counter()
+    if job_shape.traces(job, src, a.rebuild):
         print(f"generated {job.world} ranks in {time.perf_counter() - t0:.1f} s")
     truth = json.loads((src / "truth.json").read_text())
     size = sum(p.stat().st_size for p in src.glob("rank*.json"))

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 from ranklens.analysis import contention, pipeline
 from ranklens.ingest.schema import ddl
+from ranklens.sample_traces.gpu_sim import stage_order
 
 WORK = Path(__file__).resolve().parent / "_work"
 PP, M, STEPS = 8, 8, 10
@@ -34,14 +35,7 @@ BASE = 1_700_000_000_000_000_000
 
 def schedule_1f1b(p: int, m: int, tf: list[float], tb: list[float]) -> dict[int, list[tuple]]:
     """Block times (phase, mb, start, end) per stage of one 1F1B step, zero p2p latency."""
-    order = {}
-    for s in range(p):
-        warm = min(p - s - 1, m)
-        seq = [("F", i) for i in range(warm)]
-        for i in range(m - warm):
-            seq += [("F", warm + i), ("B", i)]
-        seq += [("B", i) for i in range(m - warm, m)]
-        order[s] = seq
+    order = {s: [(ph, i) for ph, _, i in stage_order("1f1b", p, m, 1, s)] for s in range(p)}
     end: dict[tuple[int, str, int], float] = {}
     free = [0.0] * p
     pos = [0] * p

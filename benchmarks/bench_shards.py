@@ -27,10 +27,10 @@ import sys
 import time
 from pathlib import Path
 
+import job_shape
+from job_shape import WORK
 from ranklens.ingest.database import connect
-from ranklens.sample_traces.gpu_job import GpuJob, write_job
 
-WORK = Path(__file__).resolve().parent / "_work"
 EXE = [str(Path(sys.executable).with_name("ranklens"))]
 
 
@@ -59,26 +59,15 @@ def _fingerprint(run: Path) -> tuple[int, int, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for name, default in (("tp", 8), ("dp", 32), ("pp", 4), ("m", 8), ("steps", 2)):
-        ap.add_argument(f"--{name}", type=int, default=default)
+    job_shape.add_flags(ap, m=8, steps=2)
     ap.add_argument("--kernels", type=int, default=6, help="kernels per block (rank size)")
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray run")
     a = ap.parse_args()
-    job = GpuJob(
-        tp=a.tp,
-        dp=a.dp,
-        pp=a.pp,
-        m=a.m,
-        steps=a.steps,
-        kernels_per_block=a.kernels,
-        rank_factor={a.tp + 1: 1.3},
-    )
-    tag = f"gpujob_tp{a.tp}_dp{a.dp}_pp{a.pp}_m{a.m}_s{a.steps}"
+    job = job_shape.job(a, kernels_per_block=a.kernels, rank_factor={a.tp + 1: 1.3})
+    tag = f"gpujob_{job_shape.tag(a)}"
     tag += f"_k{a.kernels}" if a.kernels != 6 else ""
     src = WORK / tag
-    if not (src / "truth.json").exists():
-        shutil.rmtree(src, ignore_errors=True)
-        write_job(job, src)
+    job_shape.traces(job, src)
     size = sum(p.stat().st_size for p in src.glob("rank*.json"))
     out = WORK / f"shards_{tag}"
     shutil.rmtree(out, ignore_errors=True)

@@ -25,27 +25,26 @@ import time
 from pathlib import Path
 
 import duckdb
+import job_shape
 import numpy as np
+from job_shape import WORK
 from ranklens.analysis import critical_path as cp
 from ranklens.analysis import graph_replay as gr
 from ranklens.analysis import whatif as wi
-from ranklens.sample_traces.gpu_job import GpuJob, run_job, write_job
+from ranklens.sample_traces.gpu_job import run_job, write_job
 
-WORK = Path(__file__).resolve().parent / "_work"
 SCENARIOS = ("straggler", "stage-balance", "contention", "overlap:dp", "scale-comm:tp=2")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for name, default in (("tp", 8), ("dp", 32), ("pp", 4), ("m", 16), ("steps", 4)):
-        ap.add_argument(f"--{name}", type=int, default=default)
+    job_shape.add_flags(ap, m=16, steps=4)
     ap.add_argument("--kernels", type=int, default=6, help="kernels per micro-batch block")
     ap.add_argument("--rebuild", action="store_true")
     a = ap.parse_args()
     slow = a.tp * a.dp + 1
-    kw = dict(tp=a.tp, dp=a.dp, pp=a.pp, m=a.m, steps=a.steps, kernels_per_block=a.kernels)
-    job = GpuJob(**kw, rank_factor={slow: 1.3})  # type: ignore[arg-type]
-    tag = f"whatif_tp{a.tp}_dp{a.dp}_pp{a.pp}_m{a.m}_s{a.steps}_k{a.kernels}"
+    job = job_shape.job(a, kernels_per_block=a.kernels, rank_factor={slow: 1.3})
+    tag = f"whatif_{job_shape.tag(a)}_k{a.kernels}"
     src, db = WORK / tag, WORK / f"{tag}.duckdb"
     if a.rebuild or not db.exists():
         shutil.rmtree(src, ignore_errors=True)
@@ -54,7 +53,10 @@ def main() -> None:
         exe = str(Path(sys.executable).with_name("ranklens"))
         subprocess.run([exe, "ingest", str(src), "-o", str(db)], check=True)
         shutil.rmtree(src)  # the database is what the benchmark reads
-    truth_ns = max(e - s for _, s, e in run_job(GpuJob(**kw)).windows) * 1000  # type: ignore[arg-type]
+    truth_ns = (
+        max(e - s for _, s, e in run_job(job_shape.job(a, kernels_per_block=a.kernels)).windows)
+        * 1000
+    )
     con = duckdb.connect(str(db), read_only=True)
     events = con.execute("SELECT count(*) FROM events").fetchall()[0][0]
     t0 = time.perf_counter()

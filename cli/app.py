@@ -50,6 +50,9 @@ out = Console(soft_wrap=False)
 err = Console(stderr=True, soft_wrap=True)  # one line per message: greppable CI logs
 state = {"debug": False}
 
+SourceArg = Annotated[
+    list[str], typer.Argument(help="A ranklens database, or trace inputs.")
+]  # what every command reading a run takes
 FormatOpt = Annotated[
     str, typer.Option("--format", "-f", help="table (rich text), json, csv or markdown.")
 ]

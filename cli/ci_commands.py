@@ -17,6 +17,7 @@ from ranklens.analysis.thresholds import THRESHOLDS
 from ranklens.cli import capture_run, check_render
 from ranklens.cli.app import (
     FROM_FLAGS,
+    SourceArg,
     app,
     out,
     run_options,
@@ -66,7 +67,7 @@ def threshold_options(command: Callable[..., None]) -> Callable[..., None]:
 @threshold_options
 @run_options
 def check(
-    source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
+    source: SourceArg,
     baseline: Annotated[
         str | None, typer.Option(help="Baseline run (database or trace directory) to compare with.")
     ] = None,

@@ -6,12 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from ranklens.cli.app import (
-    FROM_FLAGS,
-    app,
-    out,
-    run_options,
-)
+from ranklens.cli.app import FROM_FLAGS, SourceArg, app, out, run_options
 from ranklens.ingest.export import export_run
 from ranklens.ingest.run import OpenOptions
 
@@ -19,7 +14,7 @@ from ranklens.ingest.run import OpenOptions
 @app.command()
 @run_options
 def export(
-    source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
+    source: SourceArg,
     parquet: Annotated[
         Path,
         typer.Option(

@@ -25,6 +25,7 @@ from ranklens.cli.app import (
     FROM_FLAGS,
     FormatOpt,
     LayoutOpt,
+    SourceArg,
     app,
     err,
     internal_error,
@@ -118,7 +119,7 @@ def _report(source: list[str], fmt: str, opts: OpenOptions) -> None:
 @app.command()
 @run_options
 def report(
-    source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
+    source: SourceArg,
     fmt: FormatOpt = "table",
     opts: OpenOptions = FROM_FLAGS,
 ) -> None:
@@ -131,7 +132,7 @@ def report(
 @run_options
 def analyze(
     name: Annotated[str, typer.Argument(help="Analysis: " + ", ".join(by_name()))],
-    source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
+    source: SourceArg,
     fmt: FormatOpt = "table",
     table: Annotated[str | None, typer.Option(help="Secondary table (e.g. by_group).")] = None,
     opts: OpenOptions = FROM_FLAGS,
@@ -205,7 +206,7 @@ def demo(
 @app.command()
 @run_options
 def dashboard(
-    source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
+    source: SourceArg,
     port: Annotated[int, typer.Option(help="Port to serve on.")] = 8050,
     host: Annotated[
         str, typer.Option(help="Interface to bind; 127.0.0.1 keeps it to this machine.")

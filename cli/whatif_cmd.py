@@ -7,12 +7,7 @@ from typing import Annotated
 
 import typer
 from ranklens.analysis import whatif_run
-from ranklens.cli.app import (
-    FROM_FLAGS,
-    app,
-    out,
-    run_options,
-)
+from ranklens.cli.app import FROM_FLAGS, SourceArg, app, out, run_options
 from ranklens.ingest.run import OpenOptions, open_run
 from rich.table import Table
 
@@ -20,7 +15,7 @@ from rich.table import Table
 @app.command()
 @run_options
 def whatif(
-    source: Annotated[list[str], typer.Argument(help="A ranklens database, or trace inputs.")],
+    source: SourceArg,
     fix: Annotated[
         list[str] | None,
         typer.Option(

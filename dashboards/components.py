@@ -28,6 +28,8 @@ CARD = {
 
 # A flex item that may shrink below its graph's initial width, so two graphs share a row.
 CELL = {"flex": "1 1 480px", "minWidth": "0"}
+GRAPH: Any = {"displaylogo": False}  # every graph's config: no plotly logo
+CONTROLS = {"display": "flex", "gap": "10px", "alignItems": "center"}  # a page's menus, a row
 
 
 def register_page(
@@ -59,6 +61,66 @@ def nav(pages: Iterable[ModuleType]) -> html.Nav:
         [dcc.Link(p.NAME, href=p.PATH, style={"marginRight": "18px"}) for p in pages],
         style={"padding": "8px 0", "borderBottom": "1px solid #ddd", "marginBottom": "8px"},
     )
+
+
+def cells(*items: Any) -> html.Div:
+    """Items (graphs) side by side, each a CELL, wrapping onto more rows when narrow."""
+    return html.Div(
+        [html.Div(item, style=CELL) for item in items],
+        style={"display": "flex", "flexWrap": "wrap", "gap": "8px"},
+    )
+
+
+def graph(id_: str, data: RunData, key: Hashable, build: Callable[[], go.Figure]) -> dcc.Graph:
+    """A graph of `figure(data, key, build)`, made once per run and key."""
+    return dcc.Graph(id=id_, config=GRAPH, figure=figure(data, key, build))
+
+
+def menu(
+    label: str, id_: str, options: list[dict[str, Any]], value: Any, width: str, clearable: bool
+) -> list[Any]:
+    """A label and its dropdown of one choice."""
+    return [
+        html.Label(label),
+        dcc.Dropdown(
+            id=id_, options=options, value=value, clearable=clearable, style={"width": width}
+        ),
+    ]
+
+
+def step_menu(
+    id_: str,
+    steps: list[int],
+    value: int | None,
+    *,
+    clearable: bool = False,
+    label: str = " Step ",
+    width: str = "120px",
+) -> list[Any]:
+    """The step picker of a page: `steps` (the run's), `value` chosen."""
+    options = [{"label": str(s), "value": s} for s in steps]
+    return menu(label, id_, options, value, width, clearable)
+
+
+def rank_menu(id_: str, value: list[int] | None, every: list[int]) -> list[Any]:
+    """The ranks picker of a page (several; none chosen: all ranks)."""
+    return [
+        html.Label("Ranks "),
+        dcc.Dropdown(
+            id=id_,
+            multi=True,
+            value=value,
+            placeholder="all ranks",
+            style={"minWidth": "300px"},
+            options=[{"label": f"rank {r}", "value": r} for r in every],
+        ),
+    ]
+
+
+def pick_step(step: Any, steps: list[int]) -> int | None:
+    """The step a URL parameter asks for when the run has it, else the first (None: no steps)."""
+    asked = parse_int(step)
+    return asked if asked in steps else (steps[0] if steps else None)
 
 
 def parse_int(value: Any) -> int | None:

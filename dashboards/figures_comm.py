@@ -7,6 +7,8 @@ over its rows (labelled as totals) happen here.
 
 from __future__ import annotations
 
+from typing import Any
+
 import plotly.graph_objects as go
 import polars as pl
 from ranklens.dashboards.figures import (
@@ -22,6 +24,12 @@ from ranklens.dashboards.figures import (
 )
 
 
+def ms_bars(x: list[str], df: pl.DataFrame, bars: dict[str, dict[str, Any]]) -> go.Figure:
+    """One bar trace per ns column of `df` over `x`, in ms, with that column's options (name,
+    colour, hover)."""
+    return go.Figure([go.Bar(x=x, y=(df[col] / MS).to_list(), **kw) for col, kw in bars.items()])
+
+
 def comm_by_op(by_group: pl.DataFrame) -> go.Figure:
     """Hidden vs exposed communication per parallelism and op, summed over the given rows
     (overlap.tables["by_group"], already filtered to the ranks/steps shown)."""
@@ -35,21 +43,13 @@ def comm_by_op(by_group: pl.DataFrame) -> go.Figure:
         .agg(pl.col("hidden_ns").sum(), pl.col("exposed_ns").sum())
         .sort("key")
     )
-    fig = go.Figure(
-        [
-            go.Bar(
-                x=agg["key"].to_list(),
-                y=(agg["exposed_ns"] / MS).to_list(),
-                name="exposed",
-                marker_color=EXPOSED,
-            ),
-            go.Bar(
-                x=agg["key"].to_list(),
-                y=(agg["hidden_ns"] / MS).to_list(),
-                name="hidden under compute",
-                marker_color=KIND_COLORS["comm"],
-            ),
-        ]
+    fig = ms_bars(
+        agg["key"].to_list(),
+        agg,
+        {
+            "exposed_ns": {"name": "exposed", "marker_color": EXPOSED},
+            "hidden_ns": {"name": "hidden under compute", "marker_color": KIND_COLORS["comm"]},
+        },
     )
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title="ms (total over the rows shown)")
@@ -81,22 +81,16 @@ def wait_transfer(by_rank: pl.DataFrame) -> go.Figure:
     """Exposed communication split into waiting for late ranks vs moving data (stragglers)."""
     if by_rank.is_empty():
         return empty("no matched collectives")
-    x = [f"r{r}" for r in by_rank["rank"].to_list()]
-    fig = go.Figure(
-        [
-            go.Bar(
-                x=x,
-                y=(by_rank["exposed_wait_ns"] / MS).to_list(),
-                name="exposed: waiting for late ranks",
-                marker_color=EXPOSED,
-            ),
-            go.Bar(
-                x=x,
-                y=(by_rank["exposed_transfer_ns"] / MS).to_list(),
-                name="exposed: transferring",
-                marker_color=PATH_COLORS["comm_transfer"],
-            ),
-        ]
+    fig = ms_bars(
+        [f"r{r}" for r in by_rank["rank"].to_list()],
+        by_rank,
+        {
+            "exposed_wait_ns": {"name": "exposed: waiting for late ranks", "marker_color": EXPOSED},
+            "exposed_transfer_ns": {
+                "name": "exposed: transferring",
+                "marker_color": PATH_COLORS["comm_transfer"],
+            },
+        },
     )
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title="exposed communication (ms, all steps)")
@@ -166,25 +160,19 @@ def late_ranks(by_rank: pl.DataFrame) -> go.Figure:
     """Per rank: the wait it caused others (late) vs its own wait for others (stragglers)."""
     if by_rank.is_empty():
         return empty("no matched collectives")
-    x = [f"r{r}" for r in by_rank["rank"].to_list()]
-    fig = go.Figure(
-        [
-            go.Bar(
-                x=x,
-                y=(by_rank["caused_wait_ns"] / MS).to_list(),
-                name="others waited for it (their exposed comm)",
-                marker_color=EXPOSED,
-                customdata=by_rank["late_count"].to_list(),
-                hovertemplate="%{x}: %{y:.2f} ms caused, late in %{customdata} "
+    fig = ms_bars(
+        [f"r{r}" for r in by_rank["rank"].to_list()],
+        by_rank,
+        {
+            "caused_wait_ns": {
+                "name": "others waited for it (their exposed comm)",
+                "marker_color": EXPOSED,
+                "customdata": by_rank["late_count"].to_list(),
+                "hovertemplate": "%{x}: %{y:.2f} ms caused, late in %{customdata} "
                 "collectives<extra></extra>",
-            ),
-            go.Bar(
-                x=x,
-                y=(by_rank["waited_ns"] / MS).to_list(),
-                name="it waited for others",
-                marker_color="#A0A0A0",
-            ),
-        ]
+            },
+            "waited_ns": {"name": "it waited for others", "marker_color": "#A0A0A0"},
+        },
     )
     fig.update_layout(barmode="group")
     fig.update_yaxes(title="ms, all steps")

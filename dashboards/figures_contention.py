@@ -6,35 +6,51 @@ module small.
 
 from __future__ import annotations
 
+from typing import Any
+
 import plotly.graph_objects as go
 import polars as pl
 from ranklens.analysis import Result
 from ranklens.dashboards.figures import ABOVE, BELOW, KIND_COLORS, MS, empty, styled
 
 
-def slowdown(res: Result, top: int = 15) -> go.Figure:
-    """Kernel classes that ran slower beside communication: time lost, with the slowdown
-    T_overlapped / T_alone - 1 (contention.table)."""
-    rows = (
-        res.table.filter(pl.col("slowdown").is_not_null())
+def _slowest(df: pl.DataFrame, top: int) -> pl.DataFrame:
+    """The `top` classes that lost most time to a slowdown (compared ones only)."""
+    return (
+        df.filter(pl.col("slowdown").is_not_null())
         .sort("time_lost_ns", descending=True, nulls_last=True)
         .head(top)
     )
+
+
+def _lost_bars(rows: pl.DataFrame, labels: list[str], **kw: Any) -> go.Bar:
+    """Time lost per class, the costliest on top, each labelled with its slowdown (%)."""
+    slow = (rows["slowdown"] * 100).to_list()
+    return go.Bar(
+        x=(rows["time_lost_ns"].fill_null(0) / MS).to_list()[::-1],
+        y=labels[::-1],
+        orientation="h",
+        text=[f"{v:+.0f}%" for v in slow][::-1],
+        textposition="outside",
+        **kw,
+    )
+
+
+def slowdown(res: Result, top: int = 15) -> go.Figure:
+    """Kernel classes that ran slower beside communication: time lost, with the slowdown
+    T_overlapped / T_alone - 1 (contention.table)."""
+    rows = _slowest(res.table, top)
     if rows.is_empty():
         return empty("no kernel class ran both alone and beside communication: nothing to compare")
     labels = [
         f"{n[:48]} {s[:24]}"
         for n, s in zip(rows["name"].to_list(), rows["shape"].fill_null("").to_list(), strict=True)
     ]
-    slow = (rows["slowdown"] * 100).to_list()
     fig = go.Figure(
-        go.Bar(
-            x=(rows["time_lost_ns"].fill_null(0) / MS).to_list()[::-1],
-            y=labels[::-1],
-            orientation="h",
-            text=[f"{v:+.0f}%" for v in slow][::-1],
-            textposition="outside",
-            marker_color=[ABOVE if v > 0 else BELOW for v in slow][::-1],
+        _lost_bars(
+            rows,
+            labels,
+            marker_color=[ABOVE if v > 0 else BELOW for v in rows["slowdown"].to_list()][::-1],
             customdata=list(
                 zip(
                     rows["n_matched"].fill_null(0).to_list(),
@@ -54,11 +70,7 @@ def slowdown(res: Result, top: int = 15) -> go.Figure:
 
 def comm_slowdown(comm: pl.DataFrame, top: int = 15) -> go.Figure:
     """Communication slowed by communication on other streams (contention.tables["comm"])."""
-    rows = (
-        comm.filter(pl.col("slowdown").is_not_null())
-        .sort("time_lost_ns", descending=True, nulls_last=True)
-        .head(top)
-    )
+    rows = _slowest(comm, top)
     if rows.is_empty():
         return empty("no communication ran both alone and beside other communication")
     labels = [
@@ -70,17 +82,7 @@ def comm_slowdown(comm: pl.DataFrame, top: int = 15) -> go.Figure:
             strict=True,
         )
     ]
-    slow = (rows["slowdown"] * 100).to_list()
-    fig = go.Figure(
-        go.Bar(
-            x=(rows["time_lost_ns"].fill_null(0) / MS).to_list()[::-1],
-            y=labels[::-1],
-            orientation="h",
-            text=[f"{v:+.0f}%" for v in slow][::-1],
-            textposition="outside",
-            marker_color=KIND_COLORS["comm"],
-        )
-    )
+    fig = go.Figure(_lost_bars(rows, labels, marker_color=KIND_COLORS["comm"]))
     fig.update_xaxes(title="time lost (ms, all steps); label: slowdown")
     return styled(
         fig, "Communication slowed by concurrent communication", height=120 + 28 * rows.height

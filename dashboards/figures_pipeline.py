@@ -87,20 +87,13 @@ def bubble_by_stage(stages: pl.DataFrame) -> go.Figure:
         [
             go.Bar(
                 x=x,
-                y=stages["bubble_fraction"].to_list(),
-                name="measured",
-                marker_color=BUBBLE_COLORS["measured"],
+                y=stages[col].to_list(),
+                name=name,
+                marker_color=BUBBLE_COLORS[name],
                 texttemplate="%{y:.3f}",
                 textposition="outside",
-            ),
-            go.Bar(
-                x=x,
-                y=stages["closed_form"].to_list(),
-                name="closed form",
-                marker_color=BUBBLE_COLORS["closed form"],
-                texttemplate="%{y:.3f}",
-                textposition="outside",
-            ),
+            )
+            for col, name in (("bubble_fraction", "measured"), ("closed_form", "closed form"))
         ]
     )
     fig.update_layout(barmode="group")

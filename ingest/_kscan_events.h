@@ -225,85 +225,92 @@ static int obj_more(Parser *ps) {
     FAIL(ps, "expected ',' or '}'");
 }
 
-static int parse_args(Parser *ps, Ev *ev) {
-    ws(ps);
-    if (ps->p < ps->end && *ps->p == 'n') return expect_lit(ps, "null", 4);
-    int more = obj_begin(ps, "args is not an object");
+/* An object's members, each key handed to `member` (which parses its value): 0, or -1 on
+ * error. Static callees with a constant `member`: the compiler inlines them. */
+typedef int (*Member)(Parser *ps, Ev *ev, const u8 *k, Py_ssize_t kn);
+
+static int parse_object(Parser *ps, Ev *ev, const char *what, Member member) {
+    int more = obj_begin(ps, what);
     if (more) return more < 0 ? -1 : 0;
     do {
         const u8 *k;
         Py_ssize_t kn;
-        int r;
-        if (obj_key(ps, &k, &kn) < 0) return -1;
-        if (key_is(k, kn, "External id")) r = parse_int(ps, &ev->ints[I_EXT], 0);
-        else if (key_is(k, kn, "correlation")) r = parse_int(ps, &ev->ints[I_CORR], 0);
-        else if (key_is(k, kn, "stream")) r = parse_int(ps, &ev->ints[I_STREAM], 0);
-        else if (key_is(k, kn, "device")) r = parse_int(ps, &ev->ints[I_DEVICE], 0);
-        else if (key_is(k, kn, "In msg nelems")) r = parse_int(ps, &ev->ints[I_IN], 0);
-        else if (key_is(k, kn, "Out msg nelems")) r = parse_int(ps, &ev->ints[I_OUT], 0);
-        else if (key_is(k, kn, "Group size")) r = parse_int(ps, &ev->ints[I_GSIZE], 0);
-        else if (key_is(k, kn, "Seq")) r = parse_int(ps, &ev->ints[I_SEQ], 0);
-        else if (key_is(k, kn, "bytes")) r = parse_int(ps, &ev->ints[I_BYTES], 1);
-        else if (key_is(k, kn, "Dst Rank")) r = parse_rank(ps, &ev->dst);
-        else if (key_is(k, kn, "Src Rank")) r = parse_rank(ps, &ev->src);
-        else if (key_is(k, kn, "Collective name")) r = parse_str(ps, &ev->spans[S_COLL], 1);
-        else if (key_is(k, kn, "dtype")) r = parse_str(ps, &ev->spans[S_DTYPE], 1);
-        else if (key_is(k, kn, "Process Group Name")) r = parse_str(ps, &ev->spans[S_PGNAME], 1);
-        else if (key_is(k, kn, "Process Group Description"))
-            r = parse_str(ps, &ev->spans[S_PGDESC], 1);
-        else if (key_is(k, kn, "name")) r = parse_str(ps, &ev->spans[S_ANAME], 1);
-        else if (key_is(k, kn, "Process Group Ranks")) {
-            Span *sp = &ev->spans[S_PGRANKS];
-            ws(ps);
-            u8 c = ps->p < ps->end ? *ps->p : 0;
-            if (c == 'n') { sp->set = 0; r = expect_lit(ps, "null", 4); }
-            else if (c == '"' || c == '[') {
-                /* str | list[int]: the reference decoder checks the list's items */
-                r = parse_raw(ps, sp);
-                if (r == 0 && c == '[') {
-                    Parser sub = {sp->s, sp->s + sp->n, NULL};
-                    if (parse_dims3(&sub, NULL, NULL) < 0) FAIL(ps, sub.err);
-                }
-            } else FAIL(ps, "bad Process Group Ranks");
-        }
-        else if (key_is(k, kn, "grid")) r = parse_dims3(ps, ev->grid, &ev->grid_set);
-        else if (key_is(k, kn, "block")) r = parse_dims3(ps, ev->block, &ev->block_set);
-        else if (key_is(k, kn, "Input Dims")) r = parse_raw(ps, &ev->spans[S_DIMS]);
-        else if (key_is(k, kn, "Input type")) r = parse_raw(ps, &ev->spans[S_ITYPES]);
-        else if (key_is(k, kn, "Concrete Inputs")) r = parse_raw(ps, &ev->spans[S_CONCRETE]);
-        else r = skip_value(ps, 2);
-        if (r < 0) return -1;
+        if (obj_key(ps, &k, &kn) < 0 || member(ps, ev, k, kn) < 0) return -1;
     } while ((more = obj_more(ps)) == 1);
     return more;
 }
 
+static int args_member(Parser *ps, Ev *ev, const u8 *k, Py_ssize_t kn) {
+    int r;
+    if (key_is(k, kn, "External id")) r = parse_int(ps, &ev->ints[I_EXT], 0);
+    else if (key_is(k, kn, "correlation")) r = parse_int(ps, &ev->ints[I_CORR], 0);
+    else if (key_is(k, kn, "stream")) r = parse_int(ps, &ev->ints[I_STREAM], 0);
+    else if (key_is(k, kn, "device")) r = parse_int(ps, &ev->ints[I_DEVICE], 0);
+    else if (key_is(k, kn, "In msg nelems")) r = parse_int(ps, &ev->ints[I_IN], 0);
+    else if (key_is(k, kn, "Out msg nelems")) r = parse_int(ps, &ev->ints[I_OUT], 0);
+    else if (key_is(k, kn, "Group size")) r = parse_int(ps, &ev->ints[I_GSIZE], 0);
+    else if (key_is(k, kn, "Seq")) r = parse_int(ps, &ev->ints[I_SEQ], 0);
+    else if (key_is(k, kn, "bytes")) r = parse_int(ps, &ev->ints[I_BYTES], 1);
+    else if (key_is(k, kn, "Dst Rank")) r = parse_rank(ps, &ev->dst);
+    else if (key_is(k, kn, "Src Rank")) r = parse_rank(ps, &ev->src);
+    else if (key_is(k, kn, "Collective name")) r = parse_str(ps, &ev->spans[S_COLL], 1);
+    else if (key_is(k, kn, "dtype")) r = parse_str(ps, &ev->spans[S_DTYPE], 1);
+    else if (key_is(k, kn, "Process Group Name")) r = parse_str(ps, &ev->spans[S_PGNAME], 1);
+    else if (key_is(k, kn, "Process Group Description"))
+        r = parse_str(ps, &ev->spans[S_PGDESC], 1);
+    else if (key_is(k, kn, "name")) r = parse_str(ps, &ev->spans[S_ANAME], 1);
+    else if (key_is(k, kn, "Process Group Ranks")) {
+        Span *sp = &ev->spans[S_PGRANKS];
+        ws(ps);
+        u8 c = ps->p < ps->end ? *ps->p : 0;
+        if (c == 'n') { sp->set = 0; r = expect_lit(ps, "null", 4); }
+        else if (c == '"' || c == '[') {
+            /* str | list[int]: the reference decoder checks the list's items */
+            r = parse_raw(ps, sp);
+            if (r == 0 && c == '[') {
+                Parser sub = {sp->s, sp->s + sp->n, NULL};
+                if (parse_dims3(&sub, NULL, NULL) < 0) FAIL(ps, sub.err);
+            }
+        } else FAIL(ps, "bad Process Group Ranks");
+    }
+    else if (key_is(k, kn, "grid")) r = parse_dims3(ps, ev->grid, &ev->grid_set);
+    else if (key_is(k, kn, "block")) r = parse_dims3(ps, ev->block, &ev->block_set);
+    else if (key_is(k, kn, "Input Dims")) r = parse_raw(ps, &ev->spans[S_DIMS]);
+    else if (key_is(k, kn, "Input type")) r = parse_raw(ps, &ev->spans[S_ITYPES]);
+    else if (key_is(k, kn, "Concrete Inputs")) r = parse_raw(ps, &ev->spans[S_CONCRETE]);
+    else r = skip_value(ps, 2);
+    return r;
+}
+
+static int parse_args(Parser *ps, Ev *ev) {
+    ws(ps);
+    if (ps->p < ps->end && *ps->p == 'n') return expect_lit(ps, "null", 4);
+    return parse_object(ps, ev, "args is not an object", args_member);
+}
+
+static int event_member(Parser *ps, Ev *ev, const u8 *k, Py_ssize_t kn) {
+    int r;
+    if (key_is(k, kn, "ph")) r = parse_str(ps, &ev->ph, 0);
+    else if (key_is(k, kn, "cat")) r = parse_str(ps, &ev->cat, 1);
+    else if (key_is(k, kn, "name")) r = parse_str(ps, &ev->name, 0);
+    else if (key_is(k, kn, "pid")) r = parse_id(ps, &ev->pid_k, &ev->pid, &ev->pid_s);
+    else if (key_is(k, kn, "tid")) r = parse_id(ps, &ev->tid_k, &ev->tid, &ev->tid_s);
+    else if (key_is(k, kn, "ts")) r = parse_float(ps, &ev->ts_set, &ev->ts);
+    else if (key_is(k, kn, "dur")) r = parse_float(ps, &ev->dur_set, &ev->dur);
+    else if (key_is(k, kn, "args")) {
+        /* a repeated `args` replaces the earlier one, as in the reference decoder */
+        memset(ev->ints, 0, sizeof(ev->ints));
+        memset(ev->spans, 0, sizeof(ev->spans));
+        ev->dst.set = ev->src.set = 0;
+        ev->grid_set = ev->block_set = 0;
+        r = parse_args(ps, ev);
+    } else r = skip_value(ps, 1);
+    return r;
+}
+
 static int parse_event(Parser *ps, Ev *ev) {
     memset(ev, 0, sizeof(*ev));
-    int more = obj_begin(ps, "event is not an object");
-    if (more) return more < 0 ? -1 : 0;
-    do {
-        const u8 *k;
-        Py_ssize_t kn;
-        int r;
-        if (obj_key(ps, &k, &kn) < 0) return -1;
-        if (key_is(k, kn, "ph")) r = parse_str(ps, &ev->ph, 0);
-        else if (key_is(k, kn, "cat")) r = parse_str(ps, &ev->cat, 1);
-        else if (key_is(k, kn, "name")) r = parse_str(ps, &ev->name, 0);
-        else if (key_is(k, kn, "pid")) r = parse_id(ps, &ev->pid_k, &ev->pid, &ev->pid_s);
-        else if (key_is(k, kn, "tid")) r = parse_id(ps, &ev->tid_k, &ev->tid, &ev->tid_s);
-        else if (key_is(k, kn, "ts")) r = parse_float(ps, &ev->ts_set, &ev->ts);
-        else if (key_is(k, kn, "dur")) r = parse_float(ps, &ev->dur_set, &ev->dur);
-        else if (key_is(k, kn, "args")) {
-            /* a repeated `args` replaces the earlier one, as in the reference decoder */
-            memset(ev->ints, 0, sizeof(ev->ints));
-            memset(ev->spans, 0, sizeof(ev->spans));
-            ev->dst.set = ev->src.set = 0;
-            ev->grid_set = ev->block_set = 0;
-            r = parse_args(ps, ev);
-        } else r = skip_value(ps, 1);
-        if (r < 0) return -1;
-    } while ((more = obj_more(ps)) == 1);
-    return more;
+    return parse_object(ps, ev, "event is not an object", event_member);
 }
 
 #endif

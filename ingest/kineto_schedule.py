@@ -17,7 +17,7 @@ import pyarrow as pa
 from ranklens.ingest import kineto, lifecycle
 from ranklens.ingest._model import Batch, RankPart, Reader
 from ranklens.ingest.errors import RanklensError
-from ranklens.ingest.sink import Sink, file_size, is_file_error, unreadable
+from ranklens.ingest.sink import Sink
 
 
 def _finish_file(
@@ -59,15 +59,10 @@ def run_serial(batch: Batch) -> None:
     for tid, f in batch.files:
         prep = None
         try:
-            prep = kineto.prepare(f, tmp_root=batch.scratch)
-            rank = sink.claim(tid, f, RankPart(prep.rank, prep.info))
-            _serial_file(sink, tid, prep, rank)
-        except RanklensError as err:
-            sink.fail(tid, f, err, file_size(f))
-        except Exception as exc:
-            if not is_file_error(exc):
-                raise
-            sink.fail(tid, f, unreadable(f, exc), file_size(f))
+            with sink.reading(tid, f):
+                prep = kineto.prepare(f, tmp_root=batch.scratch)
+                rank = sink.claim(tid, f, RankPart(prep.rank, prep.info))
+                _serial_file(sink, tid, prep, rank)
         finally:
             if prep is not None:
                 kineto.cleanup(prep)
@@ -105,26 +100,21 @@ def _run_pool(batch: Batch, pool: ProcessPoolExecutor) -> None:
             prepare_upto(i)
             prep = None
             try:
-                prep = preps[i].result()
-                rank = sink.claim(tid, f, RankPart(prep.rank, prep.info))
-                decoding = _parallel_file(sink, pool, tid, prep, rank, n)
-                next(decoding)  # this file's first pieces are now in flight
-                if deferred is not None:
-                    finish_last = deferred
-                    deferred = None
-                    finish_last()
-                deferred = _drain(decoding)
-            except RanklensError as err:
-                sink.fail(tid, f, err, file_size(f))
+                with sink.reading(tid, f):  # a dead worker is not the file's fault: it passes
+                    prep = preps[i].result()
+                    rank = sink.claim(tid, f, RankPart(prep.rank, prep.info))
+                    decoding = _parallel_file(sink, pool, tid, prep, rank, n)
+                    next(decoding)  # this file's first pieces are now in flight
+                    if deferred is not None:
+                        finish_last = deferred
+                        deferred = None
+                        finish_last()
+                    deferred = _drain(decoding)
             except BrokenProcessPool:
                 raise RanklensError(
                     f"{f}: a decoding worker process died while reading it (out of memory?)",
                     "retry with fewer --workers (1 decodes in-process)",
                 ) from None
-            except Exception as exc:
-                if not is_file_error(exc):
-                    raise
-                sink.fail(tid, f, unreadable(f, exc), file_size(f))
             finally:
                 if prep is not None:
                     kineto.cleanup(prep)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 from ranklens.ingest.nsys_sqlite import Report
-from ranklens.ingest.nsys_tables import Value, build, duration, labels, pid_of
+from ranklens.ingest.nsys_tables import Value, build, device_columns, labels, pid_of
 
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
 MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
@@ -70,20 +70,11 @@ def _small(col: pa.Array) -> pa.Array:
 
 def _device(cols: list[pa.Array], shift: int) -> dict[str, Value]:
     start, end, corr, gpid, dev, stream = cols[:6]
-    return {
-        "device": dev,
-        "stream": stream,
-        "pid": dev,
-        "tid": stream,
-        "ts_ns": pc.add(start, shift),
-        "dur_ns": duration(start, end),
-        "correlation": corr,
-        "_pid": pid_of(gpid),
-    }
+    return device_columns(start, end, corr, dev, stream, shift) | {"_pid": pid_of(gpid)}
 
 
 def _device_exprs(rep: Report, t: str) -> list[str]:
-    """The columns `_device` reads, in its order, for a memcpy/memset table."""
+    """The columns `_device` reads, in its order, for a memcpy/memset/sync table."""
     return [
         "start",
         '"end"',
@@ -92,6 +83,11 @@ def _device_exprs(rep: Report, t: str) -> list[str]:
         "deviceId",
         "streamId",
     ]
+
+
+def _rows(cols: list[pa.Array], shift: int, kind: str, cat: str, **more: Value) -> pa.Table:
+    """One chunk of a device table as events of `kind`/`cat`, with its own columns `more`."""
+    return build(len(cols[0]), _device(cols, shift) | {"kind": kind, "cat": cat, **more})
 
 
 def read_memops(rep: Report, shift: int) -> Iterator[pa.Table]:
@@ -110,31 +106,14 @@ def read_memops(rep: Report, shift: int) -> Iterator[pa.Table]:
             key = pc.add(
                 pc.add(pc.shift_left(pc.fill_null(kind, 0), 16), pc.shift_left(src, 8)), dst
             )
-            yield build(
-                len(cols[0]),
-                _device(cols, shift)
-                | {
-                    "kind": "memcpy",
-                    "cat": "gpu_memcpy",
-                    "bytes": cols[6],
-                    "name": labels(key, _memcpy_name),
-                },
-            )
+            name = labels(key, _memcpy_name)
+            yield _rows(cols, shift, "memcpy", "gpu_memcpy", bytes=cols[6], name=name)
     if rep.has(MEMSET):
         t = MEMSET
         exprs = [*_device_exprs(rep, t), "bytes", rep.col(t, "memKind")]
         for cols in rep.int_chunks(t, exprs):
             name = labels(_small(cols[7]), lambda k: f"Memset ({MEM_KIND.get(k - 1, 'Unknown')})")
-            yield build(
-                len(cols[0]),
-                _device(cols, shift)
-                | {
-                    "kind": "memset",
-                    "cat": "gpu_memset",
-                    "bytes": cols[6],
-                    "name": name,
-                },
-            )
+            yield _rows(cols, shift, "memset", "gpu_memset", bytes=cols[6], name=name)
 
 
 def read_sync(rep: Report, shift: int) -> Iterator[pa.Table]:
@@ -142,23 +121,7 @@ def read_sync(rep: Report, shift: int) -> Iterator[pa.Table]:
     if not rep.has(SYNC):
         return
     t = SYNC
-    exprs = [
-        "start",
-        '"end"',
-        rep.col(t, "correlationId"),
-        rep.col(t, "globalPid", "0"),
-        "deviceId",
-        "streamId",
-        rep.col(t, "syncType", rep.col(t, "deprecatedSyncType")),
-    ]
+    exprs = [*_device_exprs(rep, t), rep.col(t, "syncType", rep.col(t, "deprecatedSyncType"))]
     for cols in rep.int_chunks(t, exprs):
         name = labels(pc.fill_null(cols[6], 0), lambda k: SYNC_KIND.get(k, "Unknown Sync"))
-        yield build(
-            len(cols[0]),
-            _device(cols, shift)
-            | {
-                "kind": "sync",
-                "cat": "cuda_sync",
-                "name": name,
-            },
-        )
+        yield _rows(cols, shift, "sync", "cuda_sync", name=name)

@@ -96,6 +96,22 @@ def duration(start: pa.Array, end: pa.Array) -> pa.Array:
     return pc.max_element_wise(pc.subtract_checked(end, start), 0)
 
 
+def device_columns(
+    start: pa.Array, end: pa.Array, corr: pa.Array, dev: pa.Array, stream: pa.Array, shift: int
+) -> dict[str, Value]:
+    """The columns every device-side row (kernel, copy, set, sync) has: device and stream, also
+    as Kineto's pid/tid, the interval on the job clock (`shift`), the CUDA correlation id."""
+    return {
+        "device": dev,
+        "stream": stream,
+        "pid": dev,
+        "tid": stream,
+        "ts_ns": pc.add(start, shift),
+        "dur_ns": duration(start, end),
+        "correlation": corr,
+    }
+
+
 def labels(key: pa.Array, label: Callable[[int], str | None]) -> pa.Array:
     """Map an integer key column through `label`, calling it once per distinct key."""
     uniq = pc.unique(key).drop_null()

@@ -23,7 +23,7 @@ from ranklens.ingest import kineto, shards, staging, step_assign
 from ranklens.ingest._model import rank_from_name
 from ranklens.ingest.errors import RanklensError
 from ranklens.ingest.sanity import check_times
-from ranklens.ingest.sink import file_size, is_file_error, require_rank, unreadable, with_rank
+from ranklens.ingest.sink import file_error, file_size, require_rank, with_rank
 
 
 @dataclass
@@ -52,14 +52,9 @@ def read_file(fmt: str, path: str, trace_id: int, run_dir: str) -> list[RankResu
     scratch = tempfile.mkdtemp(prefix="ranklens-task-")
     try:
         return list(_read(fmt, path, trace_id, run_dir, scratch))
-    except RanklensError as err:
-        shards.remove_parts(run_dir, trace_id)
-        return [RankResult(trace_id, path, fmt, file_size(path), error=err)]
     except Exception as exc:
         shards.remove_parts(run_dir, trace_id)
-        if not is_file_error(exc):
-            raise
-        return [RankResult(trace_id, path, fmt, file_size(path), error=unreadable(path, exc))]
+        return [RankResult(trace_id, path, fmt, file_size(path), error=file_error(path, exc))]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

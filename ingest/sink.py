@@ -8,7 +8,9 @@ recorded skip or a raised error.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -235,15 +237,19 @@ class Sink:
     def read_file(self, trace_id: int, path: str, fmt: str, read: ReadFile) -> None:
         """Read one file with a per-file reader (it may hold several ranks); a bad file is
         recorded or raised (fail)."""
-        try:
+        with self.reading(trace_id, path):
             for part in read(path, trace_id):
                 self.add_part(trace_id, path, fmt, part, size=file_size(path), sha=None)
-        except RanklensError as err:
-            self.fail(trace_id, path, err, file_size(path))
+
+    @contextmanager
+    def reading(self, trace_id: int, path: str) -> Iterator[None]:
+        """Around the reading of one file: its error (a RanklensError, or one of the file's
+        own that is turned into one naming it) is recorded or raised by `fail`; the machine's
+        errors (is_file_error) pass through."""
+        try:
+            yield
         except Exception as exc:
-            if not is_file_error(exc):
-                raise
-            self.fail(trace_id, path, unreadable(path, exc), file_size(path))
+            self.fail(trace_id, path, file_error(path, exc), file_size(path))
 
 
 def require_rank(path: str, rank: int | None) -> int:
@@ -259,8 +265,21 @@ def require_rank(path: str, rank: int | None) -> int:
 
 def is_file_error(exc: Exception) -> bool:
     """Whether an unexpected exception while reading a file is that file's fault (its bytes or
-    layout) rather than the machine's (memory, disk): only the former may skip the file."""
-    return not isinstance(exc, MemoryError | duckdb.IOException | duckdb.OutOfMemoryException)
+    layout) rather than the machine's (memory, disk, a decoding worker process that died):
+    only the former may skip the file."""
+    return not isinstance(
+        exc, MemoryError | duckdb.IOException | duckdb.OutOfMemoryException | BrokenProcessPool
+    )
+
+
+def file_error(path: str, exc: Exception) -> RanklensError:
+    """`exc`, raised while reading `path`, as that file's error: a RanklensError as it is, one
+    of the file's own (is_file_error) turned into one naming it; the machine's is raised."""
+    if isinstance(exc, RanklensError):
+        return exc
+    if not is_file_error(exc):
+        raise exc
+    return unreadable(path, exc)
 
 
 def unreadable(path: str, exc: BaseException) -> RanklensError:

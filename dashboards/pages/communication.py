@@ -73,21 +73,19 @@ def layout(rank: Any = None, step: Any = None, **_: Any) -> html.Div:
         return html.Div([head, ui.unavailable("overlap", data.error("overlap"))])
     ranks = ui.parse_ints(rank)
     steps = ov.table["step"].unique().sort().to_list()
-    step_i = ui.parse_int(step)
-    step_i = step_i if step_i in steps else (steps[0] if steps else None)
+    step_i = ui.pick_step(step, steps)
     every = data.report().facts.get("ranks") or []
-    graph: Any = {"displaylogo": False}
     st = data.result("stragglers")
     co = data.result("collectives")
     wait: Any = (
-        dcc.Graph(id="communication-wait", figure=figs.wait_transfer(st.table), config=graph)
+        dcc.Graph(id="communication-wait", figure=figs.wait_transfer(st.table), config=ui.GRAPH)
         if st is not None
         else ui.unavailable("stragglers", data.error("stragglers"))
     )
     bw: Any = (
         html.Div(
             [
-                dcc.Graph(id="communication-busbw", figure=figs.busbw(co.table), config=graph),
+                dcc.Graph(id="communication-busbw", figure=figs.busbw(co.table), config=ui.GRAPH),
                 ui.run_table(data, co.table, "communication-collectives-table"),
             ]
         )
@@ -99,42 +97,16 @@ def layout(rank: Any = None, step: Any = None, **_: Any) -> html.Div:
             head,
             html.Div(
                 [
-                    html.Label("Ranks "),
-                    dcc.Dropdown(
-                        id="communication-ranks",
-                        multi=True,
-                        value=ranks,
-                        placeholder="all ranks",
-                        style={"minWidth": "300px"},
-                        options=[{"label": f"rank {r}", "value": r} for r in every],
-                    ),
-                    html.Label(" Step "),
-                    dcc.Dropdown(
-                        id="communication-step",
-                        value=step_i,
-                        clearable=False,
-                        options=[{"label": str(s), "value": s} for s in steps],
-                        style={"width": "120px"},
-                    ),
+                    *ui.rank_menu("communication-ranks", ranks, every),
+                    *ui.step_menu("communication-step", steps, step_i),
                 ],
-                style={"display": "flex", "gap": "10px", "alignItems": "center"},
+                style=ui.CONTROLS,
             ),
-            html.Div(
-                [
-                    html.Div(
-                        dcc.Graph(
-                            id="communication-by-op", figure=by_op(data, ranks), config=graph
-                        ),
-                        style=ui.CELL,
-                    ),
-                    html.Div(
-                        dcc.Graph(
-                            id="communication-exposed", figure=exposed(data, step_i), config=graph
-                        ),
-                        style=ui.CELL,
-                    ),
-                ],
-                style={"display": "flex", "flexWrap": "wrap", "gap": "8px"},
+            ui.cells(
+                dcc.Graph(id="communication-by-op", figure=by_op(data, ranks), config=ui.GRAPH),
+                dcc.Graph(
+                    id="communication-exposed", figure=exposed(data, step_i), config=ui.GRAPH
+                ),
             ),
             wait,
             html.H4("Collective bandwidth"),

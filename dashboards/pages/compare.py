@@ -67,14 +67,13 @@ def layout(**_: Any) -> html.Div:
     except RanklensError as exc:  # malformed [tool.ranklens.check]
         return html.Div([head, html.Div(str(exc), id="compare-error", style=ui.CARD)])
     rows = dc.rank_rows(cmp)
-    graph: Any = {"displaylogo": False}
     return html.Div(
         [
             head,
             verdict_card(cmp.verdicts, cmp.regressions, cmp.exit_code),
             legend(cmp.limit),
             html.Div(rank_table(rows, dc.columns(cmp), dc.base_stage_of_heavy(cmp))),
-            dcc.Graph(id="compare-steps", figure=figs.step_times(rows), config=graph),
+            dcc.Graph(id="compare-steps", figure=figs.step_times(rows), config=ui.GRAPH),
         ]
     )
 

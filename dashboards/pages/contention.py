@@ -37,7 +37,6 @@ def stragglers_section(data: RunData, rank: int | None) -> list[Any]:
     res = data.result("stragglers")
     if res is None:
         return [ui.unavailable("stragglers", data.error("stragglers"))]
-    graph: Any = {"displaylogo": False}
     late = [f for f in res.findings if f.code == "STRAGGLER_RANK"]
     summary = (
         [html.Li(f.message, className="contention-straggler") for f in late]
@@ -49,24 +48,13 @@ def stragglers_section(data: RunData, rank: int | None) -> list[Any]:
         inst = inst.filter(pl.col("late_rank") == rank)
     return [
         html.Ul(summary, id="contention-stragglers", style=ui.CARD),
-        html.Div(
-            [
-                html.Div(
-                    dcc.Graph(
-                        id="contention-late", figure=figs.late_ranks(res.table), config=graph
-                    ),
-                    style=ui.CELL,
-                ),
-                html.Div(
-                    dcc.Graph(
-                        id="contention-imbalance", config=graph, figure=figs.imbalance(res.table)
-                    ),
-                    style=ui.CELL,
-                ),
-            ],
-            style={"display": "flex", "flexWrap": "wrap", "gap": "8px"},
+        ui.cells(
+            dcc.Graph(id="contention-late", figure=figs.late_ranks(res.table), config=ui.GRAPH),
+            dcc.Graph(id="contention-imbalance", config=ui.GRAPH, figure=figs.imbalance(res.table)),
         ),
-        dcc.Graph(id="contention-skew", figure=figs.skew(res.tables["by_instance"]), config=graph),
+        dcc.Graph(
+            id="contention-skew", figure=figs.skew(res.tables["by_instance"]), config=ui.GRAPH
+        ),
         html.H4("Per rank"),
         ui.run_table(data, res.table, "contention-stragglers-table"),
         html.H4(
@@ -80,24 +68,14 @@ def contention_section(data: RunData) -> list[Any]:
     res = data.result("contention")
     if res is None:
         return [ui.unavailable("contention", data.error("contention"))]
-    graph: Any = {"displaylogo": False}
     out: list[Any] = [
-        html.Div(
-            [
-                html.Div(
-                    dcc.Graph(id="contention-slowdown", figure=cfigs.slowdown(res), config=graph),
-                    style=ui.CELL,
-                ),
-                html.Div(
-                    dcc.Graph(
-                        id="contention-comm",
-                        config=graph,
-                        figure=cfigs.comm_slowdown(res.tables["comm"]),
-                    ),
-                    style=ui.CELL,
-                ),
-            ],
-            style={"display": "flex", "flexWrap": "wrap", "gap": "8px"},
+        ui.cells(
+            dcc.Graph(id="contention-slowdown", figure=cfigs.slowdown(res), config=ui.GRAPH),
+            dcc.Graph(
+                id="contention-comm",
+                config=ui.GRAPH,
+                figure=cfigs.comm_slowdown(res.tables["comm"]),
+            ),
         )
     ]
     for f in (f for f in data.report().findings if f.code.startswith("CONTENTION_")):

@@ -142,12 +142,10 @@ def layout(rank: Any = None, step: Any = None, metric: Any = None, **_: Any) -> 
         )
     focus = ui.parse_int(rank)
     steps = res.table["step"].unique().sort().to_list()
-    chosen = ui.parse_int(step)
-    chosen = chosen if chosen in steps else (steps[0] if steps else None)
+    chosen = ui.pick_step(step, steps)
     metrics = {k: v for k, v in ofigs.HEATMAP_METRICS.items() if data.result(v[1]) is not None}
     metric = metric if metric in metrics else "compute_ns"
     report = data.report()
-    graph: Any = {"displaylogo": False}
     return html.Div(
         [
             ui.title(
@@ -157,89 +155,52 @@ def layout(rank: Any = None, step: Any = None, metric: Any = None, **_: Any) -> 
             ),
             dcc.Store(id="overview-focus", data=focus),
             dcc.Location(id="overview-go", refresh="callback-nav"),
-            html.Div(
+            ui.cells(
+                ui.graph(
+                    "overview-step-time", data, ("step_time",), lambda: figures.step_time(res.table)
+                ),
+                ui.graph(
+                    "overview-split",
+                    data,
+                    ("split",),
+                    lambda: figures.time_split(res.tables["by_rank"]),
+                ),
+            ),
+            ui.cells(
                 [
-                    html.Div(
-                        dcc.Graph(
-                            id="overview-step-time",
-                            figure=ui.figure(
-                                data, ("step_time",), lambda: figures.step_time(res.table)
-                            ),
-                            config=graph,
-                        ),
-                        style=ui.CELL,
+                    *ui.menu(
+                        "Heatmap metric ",
+                        "overview-metric",
+                        [{"label": v[0], "value": k} for k, v in metrics.items()],
+                        metric,
+                        "320px",
+                        clearable=False,
                     ),
-                    html.Div(
-                        dcc.Graph(
-                            id="overview-split",
-                            figure=ui.figure(
-                                data, ("split",), lambda: figures.time_split(res.tables["by_rank"])
-                            ),
-                            config=graph,
-                        ),
-                        style=ui.CELL,
+                    ui.graph(
+                        "overview-heatmap",
+                        data,
+                        ("heatmap", metric, focus),
+                        lambda: heatmap_figure(data, metric, focus),
                     ),
                 ],
-                style={"display": "flex", "flexWrap": "wrap", "gap": "8px"},
+                [
+                    *ui.step_menu("overview-step", steps, chosen, label="Step ", width="160px"),
+                    ui.graph(
+                        "overview-share",
+                        data,
+                        ("share", chosen),
+                        lambda: share_figure(data, chosen),
+                    ),
+                ],
             ),
             html.Div(
                 [
-                    html.Div(
-                        [
-                            html.Label("Heatmap metric "),
-                            dcc.Dropdown(
-                                id="overview-metric",
-                                options=[{"label": v[0], "value": k} for k, v in metrics.items()],
-                                value=metric,
-                                clearable=False,
-                                style={"width": "320px"},
-                            ),
-                            dcc.Graph(
-                                id="overview-heatmap",
-                                config=graph,
-                                figure=ui.figure(
-                                    data,
-                                    ("heatmap", metric, focus),
-                                    lambda: heatmap_figure(data, metric, focus),
-                                ),
-                            ),
-                        ],
-                        style=ui.CELL,
-                    ),
-                    html.Div(
-                        [
-                            html.Label("Step "),
-                            dcc.Dropdown(
-                                id="overview-step",
-                                options=[{"label": str(s), "value": s} for s in steps],
-                                value=chosen,
-                                clearable=False,
-                                style={"width": "160px"},
-                            ),
-                            dcc.Graph(
-                                id="overview-share",
-                                config=graph,
-                                figure=ui.figure(
-                                    data, ("share", chosen), lambda: share_figure(data, chosen)
-                                ),
-                            ),
-                        ],
-                        style=ui.CELL,
-                    ),
-                ],
-                style={"display": "flex", "flexWrap": "wrap", "gap": "8px"},
-            ),
-            html.Div(
-                [
-                    dcc.Graph(
-                        id="overview-findings-bar",
-                        config=graph,
-                        figure=ui.figure(
-                            data,
-                            ("findings_bar",),
-                            lambda: ofigs.findings_bar(
-                                report.findings, step_ns=ofigs.mean_step_ns(res.table)
-                            ),
+                    ui.graph(
+                        "overview-findings-bar",
+                        data,
+                        ("findings_bar",),
+                        lambda: ofigs.findings_bar(
+                            report.findings, step_ns=ofigs.mean_step_ns(res.table)
                         ),
                     ),
                     html.Ul(

@@ -127,53 +127,35 @@ def layout(step: Any = None, group: Any = None, **_: Any) -> html.Div:
         )
     chosen = str(group) if group in groups else groups[0]
     steps = sorted(res.table.filter(pl.col("pp_group") == chosen)["step"].unique().to_list())
-    step_i = ui.parse_int(step)
-    step_i = step_i if step_i in steps else (steps[0] if steps else None)
+    step_i = ui.pick_step(step, steps)
     stages = res.tables["stages"].filter(pl.col("pp_group") == chosen)
     sched = res.tables["schedule"].filter(pl.col("pp_group") == chosen)
-    graph: Any = {"displaylogo": False}
     return html.Div(
         [
             head,
             html.Div(
                 [
-                    html.Label("Pipeline "),
-                    dcc.Dropdown(
-                        id="pipeline-group",
-                        value=chosen,
+                    *ui.menu(
+                        "Pipeline ",
+                        "pipeline-group",
+                        [{"label": label(data, g), "value": g} for g in groups],
+                        chosen,
+                        "260px",
                         clearable=False,
-                        options=[{"label": label(data, g), "value": g} for g in groups],
-                        style={"width": "260px"},
                     ),
-                    html.Label(" Step "),
-                    dcc.Dropdown(
-                        id="pipeline-step",
-                        value=step_i,
-                        clearable=False,
-                        options=[{"label": str(s), "value": s} for s in steps],
-                        style={"width": "120px"},
-                    ),
+                    *ui.step_menu("pipeline-step", steps, step_i),
                 ],
-                style={"display": "flex", "gap": "10px", "alignItems": "center"},
+                style=ui.CONTROLS,
             ),
             html.Div(summary(res, chosen, step_i), id="pipeline-summary"),
-            dcc.Graph(id="pipeline-gantt", figure=gantt(data, res, chosen, step_i), config=graph),
-            html.Div(
-                [
-                    html.Div(
-                        dcc.Graph(
-                            id="pipeline-bubbles", config=graph, figure=figs.bubble_by_stage(stages)
-                        ),
-                        style=ui.CELL,
-                    ),
-                    html.Div(
-                        dcc.Graph(
-                            id="pipeline-phases", config=graph, figure=figs.bubble_phases(stages)
-                        ),
-                        style=ui.CELL,
-                    ),
-                ],
-                style={"display": "flex", "flexWrap": "wrap", "gap": "8px"},
+            dcc.Graph(
+                id="pipeline-gantt", figure=gantt(data, res, chosen, step_i), config=ui.GRAPH
+            ),
+            ui.cells(
+                dcc.Graph(
+                    id="pipeline-bubbles", config=ui.GRAPH, figure=figs.bubble_by_stage(stages)
+                ),
+                dcc.Graph(id="pipeline-phases", config=ui.GRAPH, figure=figs.bubble_phases(stages)),
             ),
             html.H4("Per stage (all steps)"),
             ui.run_table(data, stages, "pipeline-stages-table", sort_by=None),

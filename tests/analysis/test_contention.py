@@ -18,12 +18,11 @@ stream 11: H2D copy [1000,1100); compute (stream 7, 'attn') [1050,1100) -> hidde
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import duckdb
-import polars as pl
 import pytest
 from kineto_builder import KinetoTrace, PgConfig, cpu_trace
+from lookups import one
 from ranklens.analysis import contention
 
 US = 1000
@@ -46,13 +45,6 @@ def _trace() -> KinetoTrace:
     t.memcpy(1000, 100, nbytes=10_000_000, direction="HtoD (Pinned -> Device)", stream=11)
     t.kernel("attn", 1050, 50, stream=7, args=BIG)
     return t
-
-
-def one(df: pl.DataFrame, **where: Any) -> dict[str, Any]:
-    for k, v in where.items():
-        df = df.filter(pl.col(k) == v)
-    assert df.height == 1, df
-    return df.row(0, named=True)
 
 
 def test_compute_slowdown_by_hand(ingest: Ingest) -> None:

@@ -15,6 +15,7 @@ import duckdb
 import polars as pl
 import pytest
 from kineto_builder import BASE_NS, Flavour, KinetoTrace, PgConfig, cpu_trace
+from lookups import one
 from ranklens.analysis import breakdown, overlap
 
 US = 1000  # ns per µs
@@ -23,14 +24,6 @@ Ingest = Callable[..., duckdb.DuckDBPyConnection]
 
 def rows(df: pl.DataFrame, *cols: str) -> list[dict[str, Any]]:
     return df.select(cols).to_dicts() if cols else df.to_dicts()
-
-
-def one(df: pl.DataFrame, **where: Any) -> dict[str, Any]:
-    """The single row of `df` matching `where`."""
-    for k, v in where.items():
-        df = df.filter(pl.col(k) == v)
-    assert df.height == 1, df
-    return df.row(0, named=True)
 
 
 # -- one GPU step: touching, nested, concurrent streams, zero-length, memcpy under compute -----

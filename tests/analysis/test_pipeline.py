@@ -13,16 +13,18 @@ stage 1: recv(spin) [0,110) F0 [110,210) recv [210,220) F1 [220,320) B0 [320,520
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import duckdb
 import polars as pl
 import pytest
 from kineto_builder import KinetoTrace, PgConfig
+from lookups import one
 from ranklens.analysis import Result, pipeline
 from ranklens.analysis._sql import sql_text
 from ranklens.analysis.pipeline_model import Block, decompose, replay
+from ranklens.sample_traces.gpu_sim import stage_order
 
 US = 1000
 Ingest = Callable[..., duckdb.DuckDBPyConnection]
@@ -36,23 +38,13 @@ def _stage(rank: int, annotate: bool = True) -> KinetoTrace:
     if rank == 0:
         blocks = [("forward_mb0", 0, 100), ("forward_mb1", 110, 100)]
         blocks += [("backward_mb0", 530, 200), ("backward_mb1", 740, 200)]
-        for s, d, coll in (
-            (100, 10, "send"),
-            (210, 10, "send"),
-            (220, 310, "recv"),
-            (730, 10, "recv"),
-        ):
-            t.nccl("SendRecv", s, d, coll=coll, **p2p)
+        ops = [(100, 10, "send"), (210, 10, "send"), (220, 310, "recv"), (730, 10, "recv")]
     else:
         blocks = [("forward_mb0", 110, 100), ("forward_mb1", 220, 100)]
         blocks += [("backward_mb0", 320, 200), ("backward_mb1", 530, 200)]
-        for s, d, coll in (
-            (0, 110, "recv"),
-            (210, 10, "recv"),
-            (520, 10, "send"),
-            (730, 10, "send"),
-        ):
-            t.nccl("SendRecv", s, d, coll=coll, **p2p)
+        ops = [(0, 110, "recv"), (210, 10, "recv"), (520, 10, "send"), (730, 10, "send")]
+    for s, d, coll in ops:
+        t.nccl("SendRecv", s, d, coll=coll, **p2p)
     for name, s, d in blocks:
         t.kernel("gemm_" + name.split("_")[0], s, d, stream=7)
         if annotate:
@@ -61,11 +53,9 @@ def _stage(rank: int, annotate: bool = True) -> KinetoTrace:
     return t
 
 
-def one(df: pl.DataFrame, **where: Any) -> dict[str, Any]:
-    for k, v in where.items():
-        df = df.filter(pl.col(k) == v)
-    assert df.height == 1, df
-    return df.row(0, named=True)
+def in_us(row: dict[str, Any], cols: Iterable[str]) -> dict[str, int]:
+    """The ns columns `cols` of `row`, in whole µs."""
+    return {k: row[k] // US for k in cols}
 
 
 @pytest.fixture
@@ -82,20 +72,7 @@ def test_bubble_and_phases_by_hand(gpipe: Result) -> None:
     # it inside SendRecv kernels (pp_wait), none idle; opt [940,960) is other busy.
     # Phases: first backward starts 530 (warm-up [0,530): 10 + 320 = 330), last forward ends
     # 210 (< 530: no steady state), cool-down [530,960): 10.
-    assert {
-        k: s0[k] // US
-        for k in (
-            "window_ns",
-            "work_ns",
-            "other_busy_ns",
-            "bubble_ns",
-            "pp_wait_ns",
-            "idle_ns",
-            "warmup_bubble_ns",
-            "steady_bubble_ns",
-            "cooldown_bubble_ns",
-        )
-    } == {
+    want = {
         "window_ns": 960,
         "work_ns": 600,
         "other_busy_ns": 20,
@@ -106,20 +83,11 @@ def test_bubble_and_phases_by_hand(gpipe: Result) -> None:
         "steady_bubble_ns": 0,
         "cooldown_bubble_ns": 10,
     }
+    assert in_us(s0, want) == want
     # stage 1: recv spin [0,110) + recv [210,220) + send [520,530) + send [730,740) = 140 in
     # PP kernels, idle [740,940) = 200 -> bubble 340. First backward at 320 = last forward end:
     # warm-up [0,320) holds 110 + 10, cool-down the other 220.
-    assert {
-        k: s1[k] // US
-        for k in (
-            "bubble_ns",
-            "pp_wait_ns",
-            "idle_ns",
-            "warmup_bubble_ns",
-            "steady_bubble_ns",
-            "cooldown_bubble_ns",
-        )
-    } == {
+    want = {
         "bubble_ns": 340,
         "pp_wait_ns": 140,
         "idle_ns": 200,
@@ -127,6 +95,7 @@ def test_bubble_and_phases_by_hand(gpipe: Result) -> None:
         "steady_bubble_ns": 0,
         "cooldown_bubble_ns": 220,
     }
+    assert in_us(s1, want) == want
     assert s0["bubble_fraction"] == pytest.approx(340 / 940)
     # GPipe, p = 2, m = 2: fraction of total (p-1)/(m+p-1) = 1/3.
     assert (s0["schedule"], s0["microbatches"]) == ("gpipe", 2)
@@ -152,20 +121,7 @@ def test_decomposition_by_hand(gpipe: Result) -> None:
     # B = 200 (variance 0). Waiting edges F(1,0) and B(0,0) lag 10 -> latency 10; replay with
     # it ends at 920: p2p = 20; unexplained = 340 - (920 - 600) = 20.
     assert s["decomposition"] == "ok"
-    got = {
-        k: s[k] // US
-        for k in (
-            "closed_bubble_ns",
-            "excess_ns",
-            "order_ns",
-            "imbalance_ns",
-            "microbatch_variance_ns",
-            "p2p_ns",
-            "unexplained_ns",
-            "p2p_latency_ns",
-        )
-    }
-    assert got == {
+    want = {
         "closed_bubble_ns": 300,
         "excess_ns": 40,
         "order_ns": 0,
@@ -175,6 +131,7 @@ def test_decomposition_by_hand(gpipe: Result) -> None:
         "unexplained_ns": 20,
         "p2p_latency_ns": 10,
     }
+    assert in_us(s, want) == want
     assert (s["p"], s["m"], s["v"], s["schedule_source"]) == (2, 2, 1, "inferred")
     assert "(p-1)/(m+p-1)" in s["convention"]
 
@@ -232,14 +189,7 @@ def test_no_pipeline_no_rows(ingest: Ingest) -> None:
 
 # -- the replay model alone ---------------------------------------------------------------------
 def _one_f_one_b(p: int, m: int, tf: float, tb: float) -> float | None:
-    order: dict[int, list[tuple[int, str, int]]] = {}
-    for s in range(p):
-        warm = min(p - s - 1, m)
-        seq = [("F", i) for i in range(warm)]
-        for i in range(m - warm):
-            seq += [("F", warm + i), ("B", i)]
-        seq += [("B", i) for i in range(m - warm, m)]
-        order[s] = [(s, ph, i) for ph, i in seq]
+    order = {s: [(s, ph, i) for ph, _, i in stage_order("1f1b", p, m, 1, s)] for s in range(p)}
     dur = {k: (tf if k[1] == "F" else tb) for seq in order.values() for k in seq}
     return replay(p, order, dur)
 

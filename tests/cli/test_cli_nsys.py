@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lookups import sqlite_rows
 from ranklens.cli.main import app
 from typer.testing import CliRunner
 
@@ -25,14 +26,6 @@ DSL = ("distributedsyslab-fs24-nccl", "tree_allreduce_3nodes_9ranks")
 AI = ("nsys-ai", "mfu_2gpu_before.sqlite")
 KINETO = Path(__file__).resolve().parents[2] / "sample_traces" / "straggler_rank3" / "raw"
 _DEVICE_TABLES = ("KERNEL", "MEMCPY", "MEMSET", "SYNCHRONIZATION")
-
-
-def _raw(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def _union(iv: list[tuple[int, int]]) -> int:
@@ -76,19 +69,21 @@ def _dsl_truth(run_dir: Path) -> dict[int, dict[str, Any]]:
     """Per rank, straight from each export: host, the AllReduce kernel, the device window."""
     out = {}
     for f in sorted(run_dir.glob("*.sqlite")):
-        (env,) = _raw(f, "SELECT value FROM META_DATA_CAPTURE WHERE value LIKE 'SLURM_PROCID=%'")
-        (host,) = _raw(f, "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'")
-        (kernel,) = _raw(f, 'SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_KERNEL')
+        (env,) = sqlite_rows(
+            f, "SELECT value FROM META_DATA_CAPTURE WHERE value LIKE 'SLURM_PROCID=%'"
+        )
+        (host,) = sqlite_rows(f, "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'")
+        (kernel,) = sqlite_rows(f, 'SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_KERNEL')
         spans = [
             r
             for t in _DEVICE_TABLES
-            for r in _raw(f, f'SELECT min(start), max("end") FROM CUPTI_ACTIVITY_KIND_{t}')
+            for r in sqlite_rows(f, f'SELECT min(start), max("end") FROM CUPTI_ACTIVITY_KIND_{t}')
             if r[0] is not None
         ]
         mem = [
             (int(s), int(e))
             for t in ("MEMCPY", "MEMSET")
-            for s, e in _raw(f, f'SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_{t}')
+            for s, e in sqlite_rows(f, f'SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_{t}')
         ]
         out[int(str(env[0]).split('"')[1])] = {
             "host": host[0],
@@ -173,7 +168,7 @@ def test_report_formats_and_analyze(dsl: tuple[Path, Path, str]) -> None:
 
 
 def _ai_truth(src: Path) -> dict[int, dict[str, Any]]:
-    rows = _raw(
+    rows = sqlite_rows(
         src,
         'SELECT (k.globalPid >> 24) & 16777215, k.deviceId, k.streamId, k.start, k."end", '
         "s.value LIKE 'nccl%' FROM CUPTI_ACTIVITY_KIND_KERNEL k "

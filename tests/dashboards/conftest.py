@@ -15,13 +15,30 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import dash
 import pytest
+from ranklens.dashboards.data import RunData
 from ranklens.ingest import load_traces
+from ranklens.sample_traces.gpu_job import GpuJob, write_job
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO / "artifacts" / "screenshots"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+def job_db(root: Path, job: GpuJob) -> Path:
+    """A generated job's run: its traces under root/raw, ingested into root/run.duckdb."""
+    write_job(job, root / "raw")
+    load_traces([str(root / "raw")], root / "run.duckdb", workers=1)
+    return root / "run.duckdb"
+
+
+def run_data(app: dash.Dash) -> RunData:
+    """The run a dashboard app serves."""
+    d = app.server.config["RANKLENS_RUN"]
+    assert isinstance(d, RunData)
+    return d
 
 
 @pytest.fixture(scope="session")

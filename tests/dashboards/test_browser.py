@@ -29,6 +29,13 @@ DRAWN = (
 )
 
 
+TIMELINE = "#timeline-graph .js-plotly-plot"  # the timeline page's graph
+# The selected event's details panel as {column: shown text}.
+CELLS = """return Object.fromEntries(Array.from(
+    document.querySelectorAll('#timeline-details-table td'),
+    td => [td.dataset.column, td.innerText]));"""
+
+
 def wait_for(browser: Any, js: str, timeout: float = 60.0, poll: float = 0.1) -> Any:
     """Poll a JS expression every `poll` s until it is truthy; return its value."""
     end = time.monotonic() + timeout
@@ -86,6 +93,28 @@ def text(browser: Any, css: str) -> str:
 
 def severe_logs(browser: Any) -> list[str]:
     return [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def click_point(browser: Any, stream: int, rel_ts: int) -> None:
+    """Click the timeline's hover point of the drawn event (stream, raw start - t0)."""
+    from selenium.webdriver.common.actions.action_builder import ActionBuilder
+
+    x, y = browser.execute_script(
+        """const gd = document.querySelector(arguments[0]);
+        const t = gd._fullData.find(t => t.name === 'events');
+        const j = Array.from(t.customdata).findIndex(c => c[1] == arguments[1]
+            && c[2] == arguments[2]);
+        const fl = gd._fullLayout, box = gd.getBoundingClientRect();
+        return [box.left + fl._size.l + fl.xaxis.l2p(t.x[j]),
+                box.top + fl._size.t + fl.yaxis.l2p(t.y[j])];""",
+        TIMELINE,
+        stream,
+        rel_ts,
+    )
+    mouse = ActionBuilder(browser)
+    mouse.pointer_action.move_to_location(round(x), round(y))
+    mouse.pointer_action.click()
+    mouse.perform()
 
 
 @pytest.fixture(scope="module")

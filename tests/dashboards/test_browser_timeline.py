@@ -12,27 +12,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ranklens.ingest import load_traces
-from ranklens.sample_traces.gpu_job import GpuJob, write_job
+from ranklens.sample_traces.gpu_job import GpuJob
 
-from .conftest import LiveApp
-from .test_browser import open_page, severe_logs, shoot, text, wait_for
+from .conftest import LiveApp, job_db
+from .test_browser import CELLS, click_point, open_page, severe_logs, shoot, text, wait_for
+from .test_browser import TIMELINE as GRAPH
 
 pytestmark = pytest.mark.browser
-GRAPH = "#timeline-graph .js-plotly-plot"
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory, live_app: Callable[[Path], LiveApp]) -> LiveApp:
-    root = tmp_path_factory.mktemp("timeline-job")
-    write_job(GpuJob(tp=2, dp=1, pp=2, m=2, steps=2), root / "raw")
-    load_traces([str(root / "raw")], root / "run.duckdb", workers=1)
-    return live_app(root / "run.duckdb")
+    job = GpuJob(tp=2, dp=1, pp=2, m=2, steps=2)
+    return live_app(job_db(tmp_path_factory.mktemp("timeline-job"), job))
 
 
 def test_click_lists_the_event_and_search_outlines_matches(browser: Any, app: LiveApp) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
-    from selenium.webdriver.common.actions.action_builder import ActionBuilder
     from selenium.webdriver.common.keys import Keys
 
     cur = app.data.cursor()
@@ -54,28 +50,9 @@ def test_click_lists_the_event_and_search_outlines_matches(browser: Any, app: Li
     finally:
         cur.close()
     open_page(browser, app.url(f"/timeline?rank=0&start={start:.3f}&end={end:.3f}"), GRAPH)
-    x, y = browser.execute_script(
-        """const gd = document.querySelector(arguments[0]);
-        const t = gd._fullData.find(t => t.name === 'events');
-        const j = Array.from(t.customdata).findIndex(c => c[1] == arguments[1]
-            && c[2] == arguments[2]);
-        const fl = gd._fullLayout, box = gd.getBoundingClientRect();
-        return [box.left + fl._size.l + fl.xaxis.l2p(t.x[j]),
-                box.top + fl._size.t + fl.yaxis.l2p(t.y[j])];""",
-        GRAPH,
-        launch[0],
-        launch[1] - t0,
-    )
-    mouse = ActionBuilder(browser)
-    mouse.pointer_action.move_to_location(round(x), round(y))
-    mouse.pointer_action.click()
-    mouse.perform()
+    click_point(browser, launch[0], launch[1] - t0)
     wait_for(browser, "document.querySelector('#timeline-details-table')", timeout=30)
-    cells = browser.execute_script(
-        """return Object.fromEntries(Array.from(
-            document.querySelectorAll('#timeline-details-table td'),
-            td => [td.dataset.column, td.innerText]));"""
-    )
+    cells = browser.execute_script(CELLS)
     assert cells["name"] == launch[4] and cells["stream"] == str(launch[0])
     assert cells["ts_ns"] == str(launch[1]) and cells["correlation"] == str(launch[5])
     assert cells["step"] == str(launch[6]) and cells["shapes"] == "—"  # NULL, said so

@@ -16,14 +16,11 @@ from ranklens.ingest import load_traces
 from ranklens.sample_traces.gpu_job import GpuJob, write_job
 
 from .conftest import LiveApp
-from .test_browser import open_page, severe_logs, shoot, text, wait_for
+from .test_browser import CELLS, click_point, open_page, severe_logs, shoot, text, wait_for
+from .test_browser import TIMELINE as GRAPH
 from .test_timeline_overlays import EXPOSED_0, IDLE_0, write_overlay_run
 
 pytestmark = pytest.mark.browser
-GRAPH = "#timeline-graph .js-plotly-plot"
-CELLS = """return Object.fromEntries(Array.from(
-    document.querySelectorAll('#timeline-details-table td'),
-    td => [td.dataset.column, td.innerText]));"""
 
 
 @pytest.fixture(scope="module")
@@ -61,28 +58,6 @@ def test_an_aggregated_view_draws_the_overlays(
         assert got[2] > 0  # drawn as a filled path
     shoot(browser, "timeline_aggregated_overlays")
     assert not severe_logs(browser)
-
-
-def click_point(browser: Any, stream: int, rel_ts: int) -> None:
-    """Click the hover point of the drawn event (stream, raw start - t0)."""
-    from selenium.webdriver.common.actions.action_builder import ActionBuilder
-
-    x, y = browser.execute_script(
-        """const gd = document.querySelector(arguments[0]);
-        const t = gd._fullData.find(t => t.name === 'events');
-        const j = Array.from(t.customdata).findIndex(c => c[1] == arguments[1]
-            && c[2] == arguments[2]);
-        const fl = gd._fullLayout, box = gd.getBoundingClientRect();
-        return [box.left + fl._size.l + fl.xaxis.l2p(t.x[j]),
-                box.top + fl._size.t + fl.yaxis.l2p(t.y[j])];""",
-        GRAPH,
-        stream,
-        rel_ts,
-    )
-    mouse = ActionBuilder(browser)
-    mouse.pointer_action.move_to_location(round(x), round(y))
-    mouse.pointer_action.click()
-    mouse.perform()
 
 
 def test_a_reloaded_link_shows_the_clicked_event(browser: Any, gpu_app: LiveApp) -> None:

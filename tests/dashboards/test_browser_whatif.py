@@ -14,10 +14,9 @@ from typing import Any
 import polars as pl
 import pytest
 from ranklens.analysis import critical_path, whatif_run
-from ranklens.ingest import load_traces
-from ranklens.sample_traces.gpu_job import GpuJob, write_job
+from ranklens.sample_traces.gpu_job import GpuJob
 
-from .conftest import LiveApp
+from .conftest import LiveApp, job_db
 from .test_browser import open_page, severe_logs, shoot, text, wait_for
 from .test_browser_drill import query_of
 
@@ -28,11 +27,8 @@ SLOW = 13
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory, live_app: Callable[[Path], LiveApp]) -> LiveApp:
-    root = tmp_path_factory.mktemp("whatif-job")
-    write_job(GpuJob(tp=2, dp=2, pp=4, m=8, steps=2, rank_factor={SLOW: 1.3}), root / "raw")
-    db = root / "run.duckdb"
-    load_traces([str(root / "raw")], db, workers=1)
-    return live_app(db)
+    job = GpuJob(tp=2, dp=2, pp=4, m=8, steps=2, rank_factor={SLOW: 1.3})
+    return live_app(job_db(tmp_path_factory.mktemp("whatif-job"), job))
 
 
 def answer(app: LiveApp, names: list[str]) -> dict[str, Any]:

@@ -28,6 +28,8 @@ from ranklens.dashboards.data import RunData
 from ranklens.dashboards.pages import findings, overview, pipeline, sql
 from ranklens.dashboards.pages import timeline as tpage
 
+from .conftest import run_data
+
 MS = 1e6
 
 
@@ -223,12 +225,6 @@ def app(sample_db: Callable[[str], Path]) -> Iterator[dash.Dash]:
     data.warm()
     yield create_app(data.db_path, data=data)
     data.close()
-
-
-def run_data(app: dash.Dash) -> RunData:
-    d = app.server.config["RANKLENS_RUN"]
-    assert isinstance(d, RunData)
-    return d
 
 
 def test_pages_and_figures_are_built_once_per_run(app: dash.Dash) -> None:

@@ -27,7 +27,9 @@ from ranklens.dashboards import data as dd
 from ranklens.dashboards import timeline_view as tv
 from ranklens.dashboards.data import RunData, evidence
 from ranklens.ingest import load_traces
-from ranklens.sample_traces.gpu_job import GpuJob, write_job
+from ranklens.sample_traces.gpu_job import GpuJob
+
+from .conftest import job_db
 
 CODES = ("OVERLAP_EXPOSED_COMM", "STRAGGLER_EXPOSED_WAIT")
 # (rank, start µs, end µs, exposed µs) of every exposed comm event, by construction
@@ -185,10 +187,9 @@ def test_the_aggregated_step_outlines_the_exposed_and_says_how_many(
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunData]:
-    root = tmp_path_factory.mktemp("evidence-job")
-    write_job(GpuJob(tp=2, dp=2, pp=2, m=2, steps=2), root / "raw")
-    load_traces([str(root / "raw")], root / "run.duckdb", workers=1)
-    data = RunData(root / "run.duckdb")
+    data = RunData(
+        job_db(tmp_path_factory.mktemp("evidence-job"), GpuJob(tp=2, dp=2, pp=2, m=2, steps=2))
+    )
     yield data
     data.close()
 

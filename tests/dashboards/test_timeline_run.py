@@ -22,9 +22,9 @@ from ranklens.dashboards import timeline_view as tv
 from ranklens.dashboards.data import RunData
 from ranklens.dashboards.timeline_layers import lane_map
 from ranklens.dashboards.timeline_marks import path_lines
-from ranklens.ingest import load_traces
-from ranklens.sample_traces.gpu_job import GpuJob, write_job
+from ranklens.sample_traces.gpu_job import GpuJob
 
+from .conftest import job_db
 from .test_timeline_figure import arr
 
 
@@ -32,10 +32,9 @@ from .test_timeline_figure import arr
 def gpu_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunData]:
     """A GPU-shaped run (host threads with ProfilerStep ranges, operators and launches;
     kernels on streams) as the dashboard reads it."""
-    root = tmp_path_factory.mktemp("gpu-timeline")
-    write_job(GpuJob(tp=2, dp=1, pp=2, m=2, steps=2), root / "raw")
-    load_traces([str(root / "raw")], root / "run.duckdb", workers=1)
-    data = RunData(root / "run.duckdb")
+    data = RunData(
+        job_db(tmp_path_factory.mktemp("gpu-timeline"), GpuJob(tp=2, dp=1, pp=2, m=2, steps=2))
+    )
     yield data
     data.close()
 

@@ -18,19 +18,17 @@ from ranklens.dashboards.app import create_app
 from ranklens.dashboards.data import RunData
 from ranklens.dashboards.figures import MS
 from ranklens.dashboards.tables import num
-from ranklens.ingest import load_traces
-from ranklens.sample_traces.gpu_job import GpuJob, write_job
+from ranklens.sample_traces.gpu_job import GpuJob
 
-from .test_timeline_nav import as_json, run_data
+from .conftest import job_db, run_data
+from .test_timeline_nav import as_json
 from .test_timeline_run import sql
 
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dash.Dash]:
-    root = tmp_path_factory.mktemp("timeline-search-instance")
-    write_job(GpuJob(tp=2, dp=1, pp=2, m=2, steps=2, rank_factor={1: 1.5}), root / "raw")
-    load_traces([str(root / "raw")], root / "run.duckdb", workers=1)
-    data = RunData(root / "run.duckdb")
+    job = GpuJob(tp=2, dp=1, pp=2, m=2, steps=2, rank_factor={1: 1.5})
+    data = RunData(job_db(tmp_path_factory.mktemp("timeline-search-instance"), job))
     yield create_app(data.db_path, data=data)
     data.close()
 

@@ -145,6 +145,32 @@ class NsysDB:
     def process(self, pid: int, name: str = "python") -> None:
         self.add("PROCESSES", globalPid=gpid(pid), pid=pid, name=name)
 
+    def device_row(
+        self,
+        table: str,
+        pid: int,
+        start: int,
+        end: int,
+        corr: int | None,
+        *,
+        device: int = 0,
+        stream: int = 7,
+        **cols: Any,
+    ) -> None:
+        """A row of a CUPTI device table (kernel, memcpy, memset, sync): the columns they share
+        (context 1), then the table's own."""
+        self.add(
+            table,
+            start=start,
+            end=end,
+            deviceId=device,
+            contextId=1,
+            streamId=stream,
+            correlationId=corr,
+            globalPid=gpid(pid),
+            **cols,
+        )
+
     def kernel(
         self,
         pid: int,
@@ -161,15 +187,14 @@ class NsysDB:
         demangled: bool = True,
     ) -> None:
         ids = self.sid(name), self.sid(short or name.split("(")[0])
-        self.add(
+        self.device_row(
             "CUPTI_ACTIVITY_KIND_KERNEL",
-            start=start,
-            end=end,
-            deviceId=device,
-            contextId=1,
-            streamId=stream,
-            correlationId=corr,
-            globalPid=gpid(pid),
+            pid,
+            start,
+            end,
+            corr,
+            device=device,
+            stream=stream,
             demangledName=ids[0] if demangled else ids[1],
             shortName=ids[1],
             mangledName=None,
@@ -213,15 +238,12 @@ class NsysDB:
         dst: int | None = 2,
         corr: int | None = None,
     ) -> None:
-        self.add(
+        self.device_row(
             "CUPTI_ACTIVITY_KIND_MEMCPY",
-            start=start,
-            end=end,
-            deviceId=0,
-            contextId=1,
-            streamId=7,
-            correlationId=corr,
-            globalPid=gpid(pid),
+            pid,
+            start,
+            end,
+            corr,
             bytes=nbytes,
             copyKind=kind,
             srcKind=src,
@@ -229,30 +251,24 @@ class NsysDB:
         )
 
     def memset(self, pid: int, start: int, end: int, nbytes: int, corr: int | None = None) -> None:
-        self.add(
+        self.device_row(
             "CUPTI_ACTIVITY_KIND_MEMSET",
-            start=start,
-            end=end,
-            deviceId=0,
-            contextId=1,
-            streamId=7,
-            correlationId=corr,
-            globalPid=gpid(pid),
+            pid,
+            start,
+            end,
+            corr,
             value=0,
             bytes=nbytes,
             memKind=2,
         )
 
     def sync(self, pid: int, start: int, end: int, sync_type: int = 3) -> None:
-        self.add(
+        self.device_row(
             "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
-            start=start,
-            end=end,
-            deviceId=0,
-            contextId=1,
-            streamId=7,
-            correlationId=None,
-            globalPid=gpid(pid),
+            pid,
+            start,
+            end,
+            None,
             syncType=sync_type,
             eventId=0,
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 import sys
 from collections import Counter
 from pathlib import Path
@@ -12,6 +11,7 @@ import pyarrow.compute as pc
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lookups import sqlite_rows
 from nsys_fixtures import shared_dir
 from ranklens.ingest._model import EVENT_COLUMNS, RankPart, event_schema
 from ranklens.ingest.nsys import read_nsys
@@ -22,14 +22,6 @@ DSL = "distributedsyslab-fs24-nccl"
 
 def _events(part: RankPart) -> pa.Table:
     return plain(pa.concat_tables(part.events))
-
-
-def _raw(path: Path, sql: str) -> list[tuple[object, ...]]:
-    con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def _kind(t: pa.Table, kind: str) -> pa.Table:
@@ -52,9 +44,11 @@ def test_distributedsyslab_one_report_per_rank(folder: str, n_ranks: int, n_kern
         parts = read_nsys(f, 0)
         assert len(parts) == 1
         p = parts[0]
-        env = _raw(f, "SELECT value FROM META_DATA_CAPTURE WHERE value LIKE 'SLURM_PROCID=%'")
+        env = sqlite_rows(
+            f, "SELECT value FROM META_DATA_CAPTURE WHERE value LIKE 'SLURM_PROCID=%'"
+        )
         assert p.rank == int(str(env[0][0]).split('"')[1])
-        host = _raw(f, "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'")
+        host = sqlite_rows(f, "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'")
         assert p.info["host"] == host[0][0] and f.name.split("_")[-2] == host[0][0]
         assert p.info["pid"] == int(f.stem.split("_")[-1])
         assert p.info | {"host": None, "pid": None} == {
@@ -77,7 +71,7 @@ def test_distributedsyslab_one_report_per_rank(folder: str, n_ranks: int, n_kern
         assert set(comm.column("coll_op").to_pylist()) == {"all_reduce"}
         assert set(comm.column("dtype").to_pylist()) == {"Float"}
         # --ts-normalize=true export: timestamps are already UTC epoch ns, kept as they are
-        raw = _raw(
+        raw = sqlite_rows(
             f,
             'SELECT start, "end", streamId, deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL '
             "ORDER BY start",
@@ -106,7 +100,7 @@ def test_distributedsyslab_known_rank_and_nvtx() -> None:
     assert (p.rank, p.info["host"], p.info["pid"]) == (1, "ault42.cscs.ch", 337169)
     ev = _events(p)
     ann = _kind(ev, "annotation")
-    (n_ranges,) = _raw(
+    (n_ranges,) = sqlite_rows(
         f, 'SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN (59, 60) AND "end" IS NOT NULL'
     )[0]
     assert ann.num_rows == n_ranges
@@ -127,7 +121,7 @@ def test_nsys_ai_two_ranks_in_one_report() -> None:
     raw = Counter(
         {
             (int(str(pid)), int(str(st))): int(str(n))
-            for pid, st, n in _raw(
+            for pid, st, n in sqlite_rows(
                 f,
                 "SELECT (globalPid >> 24) & 16777215, streamId, count(*) "
                 "FROM CUPTI_ACTIVITY_KIND_KERNEL GROUP BY 1, 2",
@@ -135,7 +129,7 @@ def test_nsys_ai_two_ranks_in_one_report() -> None:
         }
     )
     assert sum(raw.values()) == 3442
-    utc, sys_clock = _raw(
+    utc, sys_clock = sqlite_rows(
         f, "SELECT utcEpochNs, systemClockNs FROM TARGET_INFO_SESSION_START_TIME"
     )[0]
     for p in parts:
@@ -149,7 +143,7 @@ def test_nsys_ai_two_ranks_in_one_report() -> None:
         assert p.info["has_gpu"] is True and p.info["host"] == "modal"
         assert any("pid order" in w for w in p.warnings)
         assert any("systemClockNs" in w for w in p.warnings) == (p.rank == 0)  # said once
-        (first,) = _raw(
+        (first,) = sqlite_rows(
             f,
             "SELECT min(start) FROM CUPTI_ACTIVITY_KIND_KERNEL "
             f"WHERE (globalPid >> 24) & 16777215 = {p.info['pid']}",
@@ -162,7 +156,7 @@ def test_nsys_ai_sendrecv_and_repeated_correlation_ids() -> None:
     f = shared_dir("nsys-ai", "mfu_2gpu_before.sqlite")
     parts = read_nsys(f, 0)
     assert [p.info["pid"] for p in parts] == [144, 145]
-    dup = _raw(
+    dup = sqlite_rows(
         f,
         "SELECT count(*) FROM (SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL "
         "GROUP BY 1 HAVING count(DISTINCT globalPid) > 1)",
@@ -171,7 +165,7 @@ def test_nsys_ai_sendrecv_and_repeated_correlation_ids() -> None:
     for p in parts:
         ev = _events(p)
         comm = _kind(ev, "comm")
-        (n_nccl,) = _raw(
+        (n_nccl,) = sqlite_rows(
             f,
             "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s "
             "ON s.id = k.shortName WHERE s.value LIKE 'nccl%' AND "
@@ -191,7 +185,7 @@ def test_nsys_ai_sendrecv_and_repeated_correlation_ids() -> None:
         assert {launches[c] for c in joinable} == {"cuLaunchKernelEx"}
         kern = ev.filter(pc.equal(ev.column("cat"), "kernel"))
         mine = sum(c in launches for c in kern.column("correlation").to_pylist())
-        (want,) = _raw(
+        (want,) = sqlite_rows(
             f,
             "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k WHERE EXISTS ("
             "SELECT 1 FROM CUPTI_ACTIVITY_KIND_RUNTIME r WHERE r.eventClass IN (0, 1)"
@@ -218,13 +212,13 @@ def test_pipit_old_schemas(name: str, kernels: int, memcpy: int, rank: int, host
     assert _kind(ev, "memcpy").num_rows == memcpy
     assert (p.rank, p.info["host"], p.info["num_sms"]) == (rank, host, 108)
     assert p.info["device_name"].startswith("NVIDIA A100-SXM4")
-    (n_api,) = _raw(
+    (n_api,) = sqlite_rows(
         f, "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE eventClass IN (0, 1)"
     )[0]
     api = ev.filter(pc.equal(ev.column("device"), -1))
     assert api.filter(pc.is_in(api.column("kind"), pa.array(["runtime", "sync"]))).num_rows == n_api
-    utc = _raw(f, "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME")[0][0]
-    (k0,) = _raw(f, "SELECT min(start) FROM CUPTI_ACTIVITY_KIND_KERNEL")[0]
+    utc = sqlite_rows(f, "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME")[0][0]
+    (k0,) = sqlite_rows(f, "SELECT min(start) FROM CUPTI_ACTIVITY_KIND_KERNEL")[0]
     kern = ev.filter(pc.equal(ev.column("cat"), "kernel"))
     assert pc.min(kern.column("ts_ns")).as_py() == k0 + utc  # type: ignore[operator]
     launch = kern.column("launch").to_pylist()
@@ -234,7 +228,7 @@ def test_pipit_old_schemas(name: str, kernels: int, memcpy: int, rank: int, host
 
 def test_pipit_saxpy_rank_from_nvtx_thread_name() -> None:
     f = shared_dir("pipit-nsys", "saxpy-mpi-cuda_nsys_perlmutter0.sqlite")
-    assert _raw(f, "SELECT text FROM NVTX_EVENTS WHERE eventType = 39") == [("MPI Rank 0",)]
+    assert sqlite_rows(f, "SELECT text FROM NVTX_EVENTS WHERE eventType = 39") == [("MPI Rank 0",)]
     (p,) = read_nsys(f, 0)
     ann = _kind(_events(p), "annotation")
     assert set(ann.column("cat").to_pylist()) == {"nvtx", "nvtx:MPI"}

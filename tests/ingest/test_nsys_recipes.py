@@ -13,27 +13,18 @@ a hand-built export.
 from __future__ import annotations
 
 import itertools
-import sqlite3
 import sys
 from pathlib import Path
-from typing import Any
 
 import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lookups import sqlite_rows
 from nsys_fixtures import NsysDB, shared_dir
 from ranklens.analysis.views import apply_all_views
 from ranklens.ingest import load_traces
 
 Interval = tuple[int, int]
-
-
-def _raw(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    con = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
-    try:
-        return con.execute(sql).fetchall()
-    finally:
-        con.close()
 
 
 def _consolidate(iv: list[Interval]) -> list[Interval]:
@@ -52,7 +43,7 @@ def _covered(k: Interval, ranges: list[Interval]) -> int:
 
 def _kernels(path: Path, pid: int, window: Interval) -> list[tuple[int, int, int, bool]]:
     """(device, start, end, is_nccl) of the process's kernels, clipped to the window."""
-    rows = _raw(
+    rows = sqlite_rows(
         path,
         "SELECT k.deviceId, k.start, k.\"end\", s.value LIKE 'nccl%' "
         "FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName "
@@ -110,7 +101,7 @@ def ranklens_window(con: duckdb.DuckDBPyConnection, rank: int, window: Interval)
 def _idle_point(path: Path, pid: int, near: float) -> int:
     """A time (raw clock) inside a gap of the process's kernels, nearest `near` of its span,
     so that no kernel straddles the window edge and any edge rule gives the same answer."""
-    iv = _raw(
+    iv = sqlite_rows(
         path,
         'SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_KERNEL '
         f"WHERE (globalPid >> 24) & 16777215 = {pid}",
@@ -125,7 +116,7 @@ def _idle_point(path: Path, pid: int, near: float) -> int:
 
 def test_nsys_ai_overlap_matches_the_recipe_definition(tmp_path: Path) -> None:
     src = shared_dir("nsys-ai", "mfu_2gpu_before.sqlite")
-    utc, sys_clock = _raw(
+    utc, sys_clock = sqlite_rows(
         src, "SELECT utcEpochNs, systemClockNs FROM TARGET_INFO_SESSION_START_TIME"
     )[0]
     shift = int(utc) - int(sys_clock)  # the reader's rule for this (not UTC-normalised) export
@@ -136,7 +127,7 @@ def test_nsys_ai_overlap_matches_the_recipe_definition(tmp_path: Path) -> None:
         for rank, pid in ((0, 144), (1, 145)):
             window = (_idle_point(src, pid, 1 / 3), _idle_point(src, pid, 2 / 3))
             for t in window:  # in a gap: no kernel straddles an edge, whatever the edge rule
-                assert not _raw(
+                assert not sqlite_rows(
                     src,
                     "SELECT 1 FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE (globalPid >> 24) & 16777215"
                     f' = {pid} AND start < {t} AND "end" > {t}',

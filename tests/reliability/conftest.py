@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 from kineto_builder import KinetoTrace
 
+from reliability.fuzzhost import Worker
 from reliability.harness import TALLY
 
 
@@ -42,6 +45,26 @@ def patch_json(path: Path, **top: Any) -> None:
         doc["distributedInfo"][key] = val
     doc.update(top)
     path.write_text(json.dumps(doc))
+
+
+def fuzzed(examples: int) -> settings:
+    """The fuzz tests' hypothesis settings: the same cases every run (derandomized, no example
+    database) and no deadline (a case runs in the worker, slow ones are its business)."""
+    return settings(
+        max_examples=examples,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[Worker]:
+    """One fuzz worker process (fuzzhost.py) for a module's cases."""
+    w = Worker()
+    yield w
+    w.close()
 
 
 @pytest.fixture(params=["c-scanner", "reference"])

@@ -10,13 +10,14 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from reliability.conftest import fuzzed
 
 from .fuzzhost import Worker, check
 
@@ -169,20 +170,7 @@ def _deeps(text: str) -> list[str]:
     return [p.split(marker[1])[0] for p in parts]
 
 
-@pytest.fixture(scope="module")
-def worker() -> Iterator[Worker]:
-    w = Worker()
-    yield w
-    w.close()
-
-
-@settings(
-    max_examples=EXAMPLES,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@fuzzed(EXAMPLES)
 @given(doc=document, how=damage, two=st.booleans())
 def test_kineto_documents(
     worker: Worker,

@@ -14,8 +14,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from reliability.conftest import fuzzed
 
 from .fuzzhost import Worker
 from .test_fuzz_kineto import event
@@ -89,13 +91,7 @@ def worker() -> Iterator[Worker]:
     w.close()
 
 
-@settings(
-    max_examples=EXAMPLES,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@fuzzed(EXAMPLES)
 @given(buf=inputs, ranges=cuts)
 def test_scanner_bytes(worker: Worker, buf: bytes, ranges: list[tuple[int, int]]) -> None:
     n = len(buf)

@@ -13,14 +13,15 @@ import importlib.util
 import itertools
 import sqlite3
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from reliability.conftest import fuzzed
 
 from .fuzzhost import Worker, check
 
@@ -115,20 +116,7 @@ def build(path: Path, spans: list[tuple[int, int]], damages: list[Any], env: boo
     return path
 
 
-@pytest.fixture(scope="module")
-def worker() -> Iterator[Worker]:
-    w = Worker()
-    yield w
-    w.close()
-
-
-@settings(
-    max_examples=EXAMPLES,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@fuzzed(EXAMPLES)
 @given(spans=times, damages=damage, env=st.booleans())
 def test_nsys_exports(
     worker: Worker,
