@@ -239,22 +239,33 @@ def build_ctx(rank: int, cfg: dict[str, Any], layout: list[dict[str, Any]]) -> C
     blocks = [ParallelMLP(hidden, tp, groups["TP"]) for _ in range(int(cfg["layers"]))]
     model = nn.Sequential(*blocks)
     return Ctx(
-        rank=rank, cfg=cfg, stage=stage, dp_idx=dp_idx, groups=groups,
+        rank=rank,
+        cfg=cfg,
+        stage=stage,
+        dp_idx=dp_idx,
+        groups=groups,
         prev_rank=rank - stride if stage > 0 else None,
         next_rank=rank + stride if stage < pp - 1 else None,
-        model=model, optim=torch.optim.SGD(model.parameters(), lr=1e-3),
+        model=model,
+        optim=torch.optim.SGD(model.parameters(), lr=1e-3),
     )
 
 
-def worker(rank: int, cfg: dict[str, Any], layout: list[dict[str, Any]], port: int,
-           out: str) -> None:
+def worker(
+    rank: int, cfg: dict[str, Any], layout: list[dict[str, Any]], port: int, out: str
+) -> None:
     """Entry point of one spawned rank: init gloo, build groups, train, profile, write truth."""
     tp, pp, dp = int(cfg["tp"]), int(cfg["pp"]), int(cfg["dp"])
     world = tp * pp * dp
     torch.set_num_threads(1)  # many ranks share few cores: avoid oversubscription
     torch.manual_seed(rank)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=300))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=300),
+    )
     ctx = build_ctx(rank, cfg, layout)
     tp_idx, dp_idx, stage = rank % tp, (rank // tp) % dp, rank // (tp * dp)
     steps = int(cfg["steps"])
@@ -270,10 +281,14 @@ def worker(rank: int, cfg: dict[str, Any], layout: list[dict[str, Any]], port: i
             truths.append(run_step(ctx, step, profiled=step >= 2))
             prof.step()
     part = {
-        "rank": rank, "tp_idx": tp_idx, "dp_idx": dp_idx, "pp_stage": stage,
-        "schedule_order": [f"{k}{i}" for k, i in
-                           schedule_order(str(cfg["schedule"]), pp, stage,
-                                          int(cfg["microbatches"]))],
+        "rank": rank,
+        "tp_idx": tp_idx,
+        "dp_idx": dp_idx,
+        "pp_stage": stage,
+        "schedule_order": [
+            f"{k}{i}"
+            for k, i in schedule_order(str(cfg["schedule"]), pp, stage, int(cfg["microbatches"]))
+        ],
         "steps": [vars(t) for t in truths],
     }
     with open(os.path.join(out, f"_truth_rank{rank}.json"), "w") as f:
