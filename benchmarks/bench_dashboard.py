@@ -210,26 +210,11 @@ def browser_side(db: Path, data: Any, runs: int) -> dict[str, float]:
     dashboard` serves it): the first page in a fresh profile (nothing cached), then `runs`
     loads of it and `runs` zooms/pans, reported as median and worst."""
     sys.path.insert(0, str(HERE.parent / "tests"))
-    from dashboards.conftest import CHROMEDRIVER, CHROMIUM, LiveApp
+    from dashboards.conftest import LiveApp, chromium
     from dashboards.test_browser import open_page, wait_for
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
 
     app = LiveApp(db, data)
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--window-size=1400,1000",
-        f"--user-data-dir={tempfile.mkdtemp()}",
-    ):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver = chromium(tempfile.mkdtemp())
     loading = "!document.querySelector('[data-dash-is-loading=\"true\"]')"
 
     def page(path: str) -> float:
@@ -274,18 +259,10 @@ def browser_side(db: Path, data: Any, runs: int) -> dict[str, float]:
 
 
 def _driver() -> Any:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
     sys.path.insert(0, str(HERE.parent / "tests"))
-    from dashboards.conftest import CHROMEDRIVER, CHROMIUM
+    from dashboards.conftest import chromium
 
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
-        opts.add_argument(flag)
-    opts.add_argument(f"--user-data-dir={tempfile.mkdtemp()}")
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    return chromium(tempfile.mkdtemp())
 
 
 def sql_side(runs: int) -> dict[str, float]:

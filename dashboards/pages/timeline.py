@@ -182,7 +182,7 @@ def layout(
                         id="timeline-search",
                         type="search",
                         value=text,  # searched on Enter (n_submit), see timeline_view.SEARCH
-                        placeholder="search names (Enter)",
+                        placeholder="search names, Enter",
                         style={"width": "180px"},
                     ),
                     html.Button("◀", id="timeline-search-prev", title="previous match"),

@@ -101,6 +101,34 @@ def live_app() -> Iterator[Callable[[Path], LiveApp]]:
         a.stop()
 
 
+# Headless, no network beyond localhost, nothing in the background that competes for the CPU.
+CHROMIUM_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,1000",
+)
+
+
+def chromium(profile: str | os.PathLike[str]) -> Any:
+    """Debian's headless chromium through selenium with a fresh profile: the tests' browser,
+    and the benchmarks' (benchmarks/bench_dashboard*.py)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+        opts.add_argument(flag)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+
+
 def _no_browser(reason: str) -> None:
     if os.environ.get("RANKLENS_REQUIRE_SHARED") == "1":
         pytest.fail(
@@ -114,29 +142,12 @@ def _no_browser(reason: str) -> None:
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Headless chromium driven by selenium, a fresh profile, no network beyond localhost."""
     try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
+        import selenium  # noqa: F401
     except ImportError:
         _no_browser("selenium is not installed (pip install -e '.[dev]')")
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
         _no_browser(f"chromium/chromedriver not found ({CHROMIUM}, {CHROMEDRIVER})")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1000",
-        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
-    ):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver = chromium(tmp_path_factory.mktemp("chromium-profile"))
     driver.set_page_load_timeout(60)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     try:
