@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, is_dataclass
 from datetime import datetime, timezone
@@ -170,9 +171,26 @@ def finalize_run(con: duckdb.DuckDBPyConnection) -> None:
     from ranklens.analysis.views import store_views
 
     store_views(con)
-    store_all(con, REGISTRY)
-    store_report(con)  # the critical path and what each fix saves: the slowest part
-    store_overview(con)
+    _if_it_fits(con, lambda: store_all(con, REGISTRY))
+    _if_it_fits(con, lambda: store_report(con))  # the critical path and the savings' replays
+    _if_it_fits(con, lambda: store_overview(con))
+
+
+def _if_it_fits(con: duckdb.DuckDBPyConnection, step: Callable[[], object]) -> None:
+    """Run one storing step in a transaction; when it does not fit in the ingest's memory
+    budget (loader: a third of the input), nothing of it is kept and the ingest goes on:
+    stored results only save the faces time, and they compute what is missing (on a
+    1,024-rank job the whole-run timeline overview needs ~1 GB, over that budget)."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        step()
+    except duckdb.OutOfMemoryException:
+        con.execute("ROLLBACK")
+        return
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
 
 
 def refresh(db_path: str | os.PathLike[str], mods: tuple[ModuleType, ...]) -> list[str]:

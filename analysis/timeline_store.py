@@ -17,10 +17,19 @@ from ranklens.analysis import timeline as tl
 NAME = "timeline_overview"
 N_BUCKETS = 4096  # what analysis.timeline.overview uses by default
 _OPTIONS = f"n_buckets={N_BUCKETS}"
+# Lanes (rank, thread or stream) up to which ingest stores the overview: ~4 M bucket rows at
+# most. A 64-rank x 10 M-event run has 320 (0.76 M rows, ~30 s to compute); a 1,024-rank GPU
+# job ~4,600, whose overview would take ~1 GB and ~8 s of every ingest.
+MAX_LANES = 1024
 
 
 def store_overview(con: duckdb.DuckDBPyConnection) -> bool:
-    """Compute the run's overview and keep it; False when it would not read back identical."""
+    """Compute the run's overview and keep it; False when the run has over MAX_LANES lanes
+    (then the dashboard computes it when its timeline is first opened) or it would not read
+    back identical."""
+    lanes = con.execute("SELECT count(DISTINCT (rank, stream)) FROM events").fetchall()[0][0]
+    if int(lanes) > MAX_LANES:
+        return False
     ov = tl.overview(con, tl.extent(con), N_BUCKETS)
     span = pl.DataFrame(
         {"start_ns": [ov.start_ns], "end_ns": [ov.end_ns], "bucket_ns": [ov.bucket_ns]},

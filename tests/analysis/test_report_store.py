@@ -104,3 +104,33 @@ def test_stale_report_is_recomputed(
     kept = report.stored_report(con)
     con.close()
     assert kept is not None and rebuilt.findings == kept[0].findings
+
+
+def test_a_step_over_the_memory_budget_is_left_out_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Storing is a saving, never a reason to fail an ingest: a step that runs out of memory
+    is rolled back (no half-stored table) and the ingest goes on; a run with too many lanes
+    does not store the timeline overview at all (the dashboard computes it when asked)."""
+
+    def half_then_oom(con: duckdb.DuckDBPyConnection) -> bool:
+        con.execute("CREATE TABLE result_timeline_overview__span AS SELECT 1 AS x")
+        raise duckdb.OutOfMemoryException("Out of Memory Error: failed to pin block")
+
+    monkeypatch.setattr(timeline_store, "store_overview", half_then_oom)
+    db = tmp_path / "oom.duckdb"
+    ingest_traces([str(SAMPLE)], db, finalize=results_store.finalize_run)
+    con = duckdb.connect(str(db), read_only=True)
+    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    assert "result_timeline_overview__span" not in tables
+    assert report.stored_report(con) is not None  # the steps before it were kept
+    assert timeline_store.stored_overview(con) is None
+    con.close()
+    monkeypatch.undo()
+    monkeypatch.setattr(timeline_store, "MAX_LANES", 1)
+    db = tmp_path / "wide.duckdb"
+    ingest_traces([str(SAMPLE)], db, finalize=results_store.finalize_run)
+    con = duckdb.connect(str(db), read_only=True)
+    assert timeline_store.stored_overview(con) is None
+    assert timeline_store.overview(con).buckets.height > 0  # computed when asked
+    con.close()
