@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import duckdb
 import polars as pl
 from ranklens.analysis import timeline_overlays as ovl
-from ranklens.analysis._sql import query_pl
+from ranklens.analysis._sql import apply_sql, query_pl
 
 Params = dict[str, object]
 
@@ -115,36 +115,21 @@ HAVING max(e) - min(s) >= $min_ns ORDER BY rank, s"""
 # The same segments packed per bucket, for aggregated windows (analysis.timeline_overlays).
 _PACKED = ovl.packed_sql(_SEGMENTS)
 
-# Algorithm: an event's exposed time is its time in the window that no compute of its rank
-# covers (what _SEGMENTS labels exposed, for a comm event). Its rank's compute in the window
-# is merged into disjoint islands: an island starts where a start passes the running max of
-# the ends before it, and ends at the next island's running max (the last: the rank's last
-# end). Each island carries the compute time before it (a running sum over disjoint islands:
-# the length of their union), so F(x), the compute time before x, is one ASOF lookup of the
-# last island starting at or before x, and the event's clipped [cs, ce) is covered for
-# F(ce) - F(cs) of it. One sort of the compute events; no pairwise interval join.
+# An event's exposed time is its time in the window that no compute of its rank covers (what
+# _SEGMENTS labels exposed, for a comm event): the window's compute of the candidates' ranks
+# unioned into islands, and each candidate's covered part from them, by the shared interval
+# macros (intervals.sql: interval_union_sorted, interval_prefix, interval_inside).
 _EXPOSED = f"""WITH ev AS ({_EVENTS}),
-x AS (SELECT rank, stream, s, e, dur_ns, greatest(s, $start) AS cs, least(e, $end) AS ce
-      FROM ev WHERE list_contains($kinds, kind) AND ($par IS NULL OR parallelism = $par)),
-c AS (SELECT rank, greatest(s, $start) AS s, least(e, $end) AS e FROM ev
+x AS (SELECT rank::BIGINT AS k, rank, stream, s AS es, e AS ee, dur_ns,
+             greatest(s, $start) AS s, least(e, $end) AS e
+      FROM ev WHERE list_contains($kinds, kind) AND ($par IS NULL OR parallelism = $par)
+        AND least(e, $end) > greatest(s, $start)),
+c AS (SELECT rank::BIGINT AS k, greatest(s, $start) AS s, least(e, $end) AS e FROM ev
       WHERE kind = 'compute' AND e > s AND rank IN (SELECT DISTINCT rank FROM x)),
-m AS (SELECT rank, s, max(e) OVER (PARTITION BY rank ORDER BY s, e
-                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS pe
-      FROM c),
-last AS (SELECT rank, max(e) AS e FROM c GROUP BY rank),
-st AS (SELECT rank, s, pe FROM m WHERE pe IS NULL OR s > pe),
-isl AS (SELECT rank, st.s,
-               coalesce(lead(st.pe) OVER (PARTITION BY rank ORDER BY st.s), last.e) AS e
-        FROM st JOIN last USING (rank)),
-cov AS (SELECT rank, s, e, coalesce(sum(e - s) OVER (PARTITION BY rank ORDER BY s
-                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
-        FROM isl),
-fs AS (SELECT x.*, coalesce(a.before + least(x.cs, a.e) - a.s, 0) AS f0
-       FROM x ASOF LEFT JOIN cov a ON x.rank = a.rank AND x.cs >= a.s),
-fe AS (SELECT fs.*, coalesce(b.before + least(fs.ce, b.e) - b.s, 0) AS f1
-       FROM fs ASOF LEFT JOIN cov b ON fs.rank = b.rank AND fs.ce >= b.s),
-xp AS (SELECT *, (ce - cs) - (f1 - f0) AS exposed_ns FROM fe WHERE ce > cs)
-SELECT rank, stream, s AS start_ns, e AS end_ns, exposed_ns::BIGINT AS exposed_ns
+u AS (SELECT * FROM interval_union_sorted('c')),
+isl AS (SELECT * FROM interval_prefix('u')),
+xp AS (SELECT *, (e - s) - inside AS exposed_ns FROM interval_inside('x', 'isl'))
+SELECT rank, stream, es AS start_ns, ee AS end_ns, exposed_ns::BIGINT AS exposed_ns
 FROM xp WHERE exposed_ns > 0
 ORDER BY exposed_ns DESC, dur_ns DESC, rank, stream, start_ns LIMIT $n"""
 
@@ -352,6 +337,7 @@ def exposed_events(
     their rank. Columns rank, stream, start_ns, end_ns (job clock), exposed_ns; the most
     exposed first, at most `limit`. Exact from raw events, yet reads only the window's events
     (for an aggregated view, whose segments are packed per bucket)."""
+    apply_sql(con, "intervals")  # the interval macros (temp: per connection)
     p = {**_params(ext, start_ns, end_ns, ranks), "kinds": list(kinds), "par": parallelism}
     return _query(con, _EXPOSED, {**p, "n": int(limit)})
 
