@@ -2,11 +2,11 @@
 
 Why: the dashboard and `report` recompute every analysis at each start (30 s on 10 M events),
 though a run's tables never change after ingest (but by `realign`, which stamps the run).
-Results are stored where the run is (one file to copy), each with what made it: tool and
-schema version, the analysis' options and the run's ingest (and realign) stamp. A stored
-result is used only when all of those still match (else it is stale and the caller computes
-it), and only if it reads back identical to what was computed: a table or a finding that would
-not round-trip is simply not stored.
+Results are stored where the run is (one file to copy), each with what made it: tool version
+(the release and a digest of the analysis code), schema version, the analysis' options and the
+run's ingest (and realign) stamp. A stored result is used only when all of those still match
+(else it is stale and the caller computes it), and only if it reads back identical to what was
+computed: a table or a finding that would not round-trip is simply not stored.
 
 Writing needs a writable connection (ingest's `finalize` hook, or `refresh` on a file nobody
 holds open); reading works on the read-only connections every face uses.
@@ -14,12 +14,15 @@ holds open); reading works on the read-only connections every face uses.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, is_dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -38,6 +41,22 @@ SKIP = frozenset({"critical_path"})
 _DDL = f"""CREATE TABLE IF NOT EXISTS {META} (
   analysis VARCHAR PRIMARY KEY, tool_version VARCHAR, schema_version VARCHAR, options VARCHAR,
   run_stamp VARCHAR, computed_at VARCHAR, findings VARCHAR, tables VARCHAR)"""
+
+
+def tool_version() -> str:
+    """The version that made a result: the release and a digest of the analysis code (its
+    Python and SQL), so a changed analysis never serves what older code stored, even where
+    the release number did not move (an editable install, a patched copy)."""
+    return f"{__version__}+{_code_digest()}"
+
+
+@functools.cache
+def _code_digest() -> str:
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted([*root.glob("*.py"), *root.glob("sql/*.sql")]):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def options_of(mod: ModuleType) -> str:
@@ -92,7 +111,7 @@ def put(
         f"INSERT INTO {META} VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         [
             name,
-            __version__,
+            tool_version(),
             str(SCHEMA_VERSION),
             options,
             _stamp(con),
@@ -135,7 +154,7 @@ def get(
     if not rows:
         return None
     tool, schema, stored_options, stamp, findings, tables = rows[0]
-    want = (__version__, str(SCHEMA_VERSION), options, _stamp(con))
+    want = (tool_version(), str(SCHEMA_VERSION), options, _stamp(con))
     if (tool, schema, stored_options, stamp) != want:
         return None
     names: dict[str, str] = json.loads(tables)

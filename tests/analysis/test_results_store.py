@@ -56,6 +56,10 @@ def test_stale_when_version_options_or_run_change(
     monkeypatch.setattr(results_store, "__version__", "0.0.0-other")
     assert results_store.load(con, breakdown) is None
     monkeypatch.undo()
+    # the analysis code changed but not the release number (an editable install): stale too
+    monkeypatch.setattr(results_store, "_code_digest", lambda: "0123456789ab")
+    assert results_store.load(con, breakdown) is None
+    monkeypatch.undo()
     monkeypatch.setattr(results_store, "options_of", lambda mod: "{other options}")
     assert results_store.load(con, breakdown) is None
     monkeypatch.undo()
