@@ -38,7 +38,7 @@ def stored_copy(db: Path) -> tuple[Path, float]:
     from ranklens.ingest.database import connect_writable
 
     out = db.with_name(db.stem + "_stored.duckdb")
-    if out.exists():
+    if out.exists() and _fresh(out):
         return out, 0.0
     tmp = out.with_suffix(".tmp")
     shutil.copyfile(db, tmp)
@@ -52,6 +52,18 @@ def stored_copy(db: Path) -> tuple[Path, float]:
     took = time.perf_counter() - t
     tmp.rename(out)
     return out, took
+
+
+def _fresh(db: Path) -> bool:
+    """Whether `db`'s stored report is still this code's (else it is stored again)."""
+    import duckdb
+    from ranklens.analysis.report import stored_report
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return stored_report(con) is not None
+    finally:
+        con.close()
 
 
 def _free_port() -> int:
