@@ -56,8 +56,8 @@ def scan_inputs(inputs: Sequence[str | os.PathLike[str]], suffixes: tuple[str, .
         names = ", ".join(str(i) for i in inputs) or "(nothing)"
         raise NoTracesError(
             f"no trace files in {names}",
-            "give a directory holding one *.json / *.json.gz (Kineto) or *.sqlite (Nsight) "
-            "file per rank, a glob, or the files themselves",
+            "give a directory holding one *.json / *.json.gz (Kineto), *.sqlite (Nsight) or "
+            "jax.profiler profile per rank, a glob, or the files themselves",
         )
     files = sorted(dict.fromkeys(files))
     return Inputs(files, found - {f for f in map(str, inputs)}, bad_dirs)

@@ -68,7 +68,7 @@ TABLES: tuple[Table, ...] = (
         (
             Column("trace_id", "INTEGER", "Id of the file within this run (0..n-1)."),
             Column("path", "VARCHAR", "Path of the file as given."),
-            Column("format", "VARCHAR", "kineto or nsys."),
+            Column("format", "VARCHAR", "kineto, nsys or jax (the reader's name)."),
             Column("size_bytes", "BIGINT", "File size on disk."),
             Column("sha256", "VARCHAR", "SHA-256 of the file's bytes (re-ingest detection)."),
             Column("rank", "INTEGER", "Rank read from the file; NULL if it was skipped early."),
