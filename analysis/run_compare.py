@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 import polars as pl
-from ranklens.analysis import baseline, pipeline
+from ranklens.analysis import baseline, pipeline, results_store
 from ranklens.analysis import check as check_mod
 from ranklens.analysis.baseline import Change
 from ranklens.analysis.check import Verdict
@@ -72,9 +72,10 @@ class Pipeline:
 
 
 def pipeline_facts(con: duckdb.DuckDBPyConnection) -> Pipeline:
-    """Pipeline facts from the pipeline analysis itself; empty when the run has no pipeline."""
+    """Pipeline facts from the pipeline analysis itself (as ingest stored it, when fresh);
+    empty when the run has no pipeline."""
     try:
-        res = pipeline.run(con)
+        res = results_store.compute_or_load(con, pipeline)
     except duckdb.Error:  # a run the analysis cannot read has no pipeline to compare
         return Pipeline()
     table = res.table.filter(

@@ -55,6 +55,8 @@ def stored_overview(con: duckdb.DuckDBPyConnection) -> tl.Overview | None:
     )
 
 
-def overview(con: duckdb.DuckDBPyConnection) -> tl.Overview:
-    """The stored overview, else the one computed now (the same numbers)."""
-    return stored_overview(con) or tl.overview(con, tl.extent(con), N_BUCKETS)
+def overview(con: duckdb.DuckDBPyConnection, ext: tl.Extent | None = None) -> tl.Overview:
+    """The stored overview, else the one computed now (the same numbers); `ext`: the run's
+    extent when the caller holds it."""
+    kept = stored_overview(con)
+    return kept or tl.overview(con, ext if ext is not None else tl.extent(con), N_BUCKETS)

@@ -21,14 +21,13 @@ from typing import Any
 import duckdb
 import flask
 import polars as pl
-from ranklens.analysis import Result, by_name
+from ranklens.analysis import Result, by_name, timeline_store
 from ranklens.analysis import timeline as tl
 from ranklens.analysis import timeline_lanes as tlz
 from ranklens.analysis import timeline_overlays as ovl
 from ranklens.analysis.report import Report, build_report, run_facts
 from ranklens.analysis.sql_console import cursor as sandboxed_cursor
 from ranklens.analysis.sql_console import safe_connect
-from ranklens.analysis.timeline_store import stored_overview
 
 CONFIG_KEY = "RANKLENS_RUN"
 MEMO_SIZE = 64  # pages and figures kept per run (each page and deep link, a few figures)
@@ -161,9 +160,7 @@ class RunData:
     def timeline_base(self) -> tl.Overview:
         """The run's busy time in fixed buckets, which zoomed-out timeline views re-aggregate."""
         ext = self.extent()
-        base = self.cached(
-            "timeline_base", lambda cur: stored_overview(cur) or tl.overview(cur, ext)
-        )
+        base = self.cached("timeline_base", lambda cur: timeline_store.overview(cur, ext))
         assert isinstance(base, tl.Overview)
         return base
 
