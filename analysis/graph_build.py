@@ -27,15 +27,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
-import networkx as nx
 import numpy as np
 import numpy.typing as npt
 from ranklens.analysis import graph_host as gh
 from ranklens.analysis import graph_units as gu
 from ranklens.analysis._sql import apply_sql
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 I64 = npt.NDArray[np.int64]
 NEG = -(1 << 62)  # "no constraint" for a base or a dropped edge
@@ -366,7 +368,9 @@ def _assemble(
 
 def to_networkx(g: Graph) -> nx.DiGraph:
     """The graph as a networkx DiGraph (vertices with kind/rank/step/base/add, edges with
-    lag/kind), for users who want networkx's algorithms; replays use the arrays."""
+    lag/kind), for users who want networkx's algorithms; replays use the arrays. (Imported
+    here: ~0.1 s that every command, the dashboard's start included, would pay otherwise.)"""
+    import networkx as nx
     d = nx.DiGraph()
     kinds = ("node", "arrival", "join", "end")
     for v in range(len(g.v_kind)):

@@ -5,7 +5,9 @@ Generates (once, cached in benchmarks/_work/) a job with the GPU job generator (
 dp32 x pp4 = 1,024 ranks), then times what a user runs, each in its own process: `ranklens
 ingest SRC -o OUT [--storage shards] [--workers N] [--engine ray]` (the stored analysis results
 included: `ingest` computes them before its rename) and `ranklens report OUT`. Prints wall time,
-throughput, peak RSS (the largest process of the tree), how 2 workers scale over 1, and checks
+throughput, peak RSS (the largest process of the tree), how 2 workers scale over 1 (the whole
+ingest, and its traces stage, which ingest times itself: the stored results are DuckDB queries
+that use every core whatever --workers says), and checks
 that every run holds the same events, collectives and report.
 
 HolisticTraceAnalysis loads one rank per call into pandas and has no storage of its own to
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -73,6 +76,7 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     runs = [
+        ("one DuckDB file, 1 worker", out / "one1.duckdb", ["--workers", "1"]),
         ("one DuckDB file, 2 workers", out / "one.duckdb", ["--workers", "2"]),
         ("shards, 1 worker", out / "s1", ["--storage", "shards", "--workers", "1"]),
         ("shards, 2 workers", out / "s2", ["--storage", "shards", "--workers", "2"]),
@@ -86,10 +90,13 @@ def main() -> None:
         f"{size / 1e6:.0f} MB of JSON in {job.world} files; {os.cpu_count()} cores"
     )
     walls: dict[str, float] = {}
+    stage: dict[str, float] = {}
     prints: set[tuple[int, int, str]] = set()
     reports: set[bytes] = set()
     for label, dest, flags in runs:
-        t_in, rss_in, _ = _timed([*EXE, "ingest", str(src), "-o", str(dest), *flags])
+        t_in, rss_in, said = _timed([*EXE, "ingest", str(src), "-o", str(dest), *flags])
+        traces = re.search(rb"traces ([0-9.]+) s", said)  # ingest's own stage timing
+        stage[label] = float(traces.group(1)) if traces else float("nan")
         t_rep, rss_rep, text = _timed([*EXE, "report", str(dest), "--format", "json"])
         fp = _fingerprint(dest)
         prints.add(fp)
@@ -97,11 +104,17 @@ def main() -> None:
         walls[label] = t_in
         print(
             f"{label:28s} ingest {t_in:6.1f} s ({size / 1e6 / t_in:5.1f} MB/s, "
-            f"{fp[0] / t_in / 1e3:5.0f} k events/s; peak RSS so far {rss_in:.2f} GB)  "
+            f"{fp[0] / t_in / 1e3:5.0f} k events/s; traces {stage[label]:.1f} s, "
+            f"{size / 1e6 / stage[label]:5.1f} MB/s; peak RSS so far {rss_in:.2f} GB)  "
             f"report {t_rep:5.1f} s (peak so far {rss_rep:.2f} GB)"
         )
     s1, s2 = walls["shards, 1 worker"], walls["shards, 2 workers"]
-    print(f"2 workers over 1 (shards): {s1 / s2:.2f}x")
+    print(f"2 workers over 1 (shards): {s1 / s2:.2f}x the whole ingest, ", end="")
+    one, two = stage["shards, 1 worker"], stage["shards, 2 workers"]
+    print(f"{one / two:.2f}x its traces stage (decode, write, cross-rank; before stored results)")
+    f1, f2 = walls["one DuckDB file, 1 worker"], walls["one DuckDB file, 2 workers"]
+    g1, g2 = stage["one DuckDB file, 1 worker"], stage["one DuckDB file, 2 workers"]
+    print(f"2 workers over 1 (one file): {f1 / f2:.2f}x the whole ingest, {g1 / g2:.2f}x traces")
     print(f"events {sorted(prints)[0][0]:,}; runs identical: {len(prints) == 1}, ", end="")
     print(f"reports identical: {len(reports) == 1}")
 

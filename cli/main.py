@@ -91,6 +91,7 @@ def ingest(
             ray_address=ray_address,
         )
     out.print(f"ingested {len(rep.ranks)} rank(s), {rep.n_events:,} events -> {output}")
+    out.print(render.ingest_seconds(rep.seconds), highlight=False)
     for s in rep.skipped:
         err.print(f"[yellow]skipped:[/] {escape(s.message)}", highlight=False)
     for w in rep.warnings:

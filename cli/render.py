@@ -363,3 +363,14 @@ def finding_gain(fd: Finding) -> str:
             f"at stake ~{_fmt(fd.time_at_stake_ns, 'ms')})"
         )
     return f"~{_fmt(fd.time_at_stake_ns, 'ms')} ms/step at stake"
+
+
+def ingest_seconds(seconds: dict[str, float]) -> str:
+    """Where an ingest's time went: "in 12.3 s (traces 9.1 s, stored results 3.0 s)"."""
+    parts = [
+        f"{label} {seconds[key]:.1f} s"
+        for key, label in (("traces", "traces"), ("results", "stored results"))
+        if key in seconds
+    ]
+    total = f"in {seconds.get('total', 0.0):.1f} s"
+    return f"{total} ({', '.join(parts)})" if parts else total

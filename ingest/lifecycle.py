@@ -103,3 +103,14 @@ def worker_pool(workers: int, preload: str) -> ProcessPoolExecutor:
         initializer=die_with_parent,
         initargs=(os.getpid(),),
     )
+
+
+def start_workers(pool: ProcessPoolExecutor, workers: int) -> None:
+    """Have the pool start its `workers` processes now (it starts one per task submitted while
+    none is idle): an empty task each, submitted at once, then waited for. A pool that fails
+    to start says so at the caller's next submit, as it would have without this."""
+    try:
+        for fut in [pool.submit(int) for _ in range(workers)]:
+            fut.result()
+    except Exception:  # the pool raises it again at the next submit
+        return

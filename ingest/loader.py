@@ -10,6 +10,7 @@ as it was, and re-ingesting the same files gives the same database.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -94,6 +95,7 @@ def load_traces(
             f"--engine {engine} writes a sharded run",
             "add --storage shards (the output is then a directory)",
         )
+    started = time.perf_counter()
     found = scan_inputs(inputs, readers.trace_suffixes())
     routed, notes = readers.route(found.files, allow_mixed=allow_mixed)
     files = [f for _reader, mine in routed for f in mine]
@@ -112,11 +114,14 @@ def load_traces(
                 on_error, workers, options, str(tmp) if sharded else None, engine, ray_address
             )
             _ingest(con, routed, found, report, how, progress, scratch)
+            report.seconds["traces"] = time.perf_counter() - started
             if finalize is not None:
                 finalize(con)
+                report.seconds["results"] = time.perf_counter() - started - report.seconds["traces"]
             con.execute("CHECKPOINT")
         finally:
             con.close()
+    report.seconds["total"] = time.perf_counter() - started  # the run in place
     report.warnings += _small_shards(sharded, files)  # about this ingest, not stored in the run
     return report
 

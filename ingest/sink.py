@@ -50,6 +50,9 @@ class IngestReport:
     n_events: int = 0
     skipped: list[Skipped] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # Wall seconds per stage ("traces": decode and write the ranks and the cross-rank stage;
+    # "results": what `finalize` stored; "total"), so a user sees where an ingest's time went.
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def file_size(path: str) -> int:

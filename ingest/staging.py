@@ -49,6 +49,12 @@ def step_table(pieces: list[Piece]) -> pa.Table:
     return pa.concat_tables(tables, promote_options="permissive")
 
 
+def packed_schema(piece: Piece) -> pa.Schema:
+    """The schema of a piece's packed columns, without unpacking them."""
+    with ipc.open_stream(piece.packed) as reader:
+        return reader.schema
+
+
 def unpack_all(pieces: list[Piece]) -> Iterator[pa.Table]:
     """Each piece whole (its columns in no set order), in order; each is released from
     `pieces` as it is handed out."""

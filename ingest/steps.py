@@ -9,6 +9,8 @@ largest part of an ingest.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import duckdb
 import pyarrow as pa
 from ranklens.ingest import staging, step_assign
@@ -26,13 +28,21 @@ def write_rank(
         return
     step, windows = step_assign.assign(staging.step_table(pieces), has_gpu)
     insert_windows(con, rank, windows)
-    at = 0
-    for piece in staging.unpack_all(pieces):
-        out = piece.append_column("step", step.slice(at, piece.num_rows))
-        at += piece.num_rows
-        del piece
-        insert_events(con, out)
-        del out
+    schema = _stream_schema(pieces)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        at = 0
+        for piece in staging.unpack_all(pieces):
+            out = piece.append_column("step", step.slice(at, piece.num_rows))
+            at += piece.num_rows
+            del piece
+            yield from _conform(out, schema).to_batches()
+            del out
+
+    # One INSERT for the whole rank, fed a piece at a time: DuckDB pays its per-statement
+    # setup and half-filled row groups once per rank, not once per piece (the write of a 400 MB
+    # trace's 1.3 M rows: 1.7 -> 1.2 s), and memory stays one unpacked piece.
+    insert_events(con, pa.RecordBatchReader.from_batches(schema, batches()))
 
 
 def insert_windows(
@@ -49,10 +59,46 @@ def insert_windows(
         )
 
 
-def insert_events(con: duckdb.DuckDBPyConnection, table: pa.Table) -> None:
+def _stream_schema(pieces: list[staging.Piece]) -> pa.Schema:
+    """One schema for all of a rank's pieces: each `events` column any piece has (with `step`),
+    in table order; a column some pieces hold dictionary-encoded and others not is plain."""
+    fields: dict[str, list[pa.DataType]] = {}
+    for piece in pieces:
+        for f in (*piece.step_cols.schema, *staging.packed_schema(piece)):
+            fields.setdefault(f.name, []).append(f.type)
+    fields["step"] = [pa.int32()]
+    out = []
+    for name in _EVENTS:
+        types = fields.get(name)
+        if types:
+            kinds = set(types)
+            if len(kinds) > 1:
+                plain = [t.value_type if pa.types.is_dictionary(t) else t for t in kinds]
+                typ = pa.unify_schemas(
+                    [pa.schema([(name, t)]) for t in plain], promote_options="permissive"
+                ).field(0).type
+            else:
+                typ = types[0]
+            out.append(pa.field(name, typ))
+    return pa.schema(out)
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with exactly `schema`'s columns (NULL where it has none), types and order."""
+    n = table.num_rows
+    cols = [
+        table[f.name] if f.name in table.column_names else pa.nulls(n, f.type) for f in schema
+    ]
+    out = pa.table(cols, names=schema.names)
+    return out if out.schema.equals(schema) else out.cast(schema)
+
+
+def insert_events(
+    con: duckdb.DuckDBPyConnection, table: pa.Table | pa.RecordBatchReader
+) -> None:
     """Append rows (with their step) to `events`, by column name; columns a reader does not
     fill stay NULL."""
-    names = ", ".join(f'"{c}"' for c in _EVENTS if c in table.column_names)
+    names = ", ".join(f'"{c}"' for c in _EVENTS if c in table.schema.names)
     con.register("_ev", table)
     try:
         con.execute(f"INSERT INTO events ({names}) SELECT {names} FROM _ev")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,16 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert res.exit_code == 0, res.output
     assert "ingested 4 rank(s)" in res.output
     return out
+
+
+def test_ingest_says_where_its_time_went(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["ingest", str(SAMPLE), "-o", str(tmp_path / "r.duckdb")])
+    assert res.exit_code == 0, res.output
+    m = re.search(r"in ([0-9.]+) s \(traces ([0-9.]+) s, stored results ([0-9.]+) s\)", res.output)
+    assert m, res.output
+    total, traces, results = (float(g) for g in m.groups())
+    assert traces > 0 and results > 0
+    assert traces + results <= total + 0.1  # stages within the whole (rounded to 0.1 s each)
 
 
 def test_help_documents_exit_codes() -> None:

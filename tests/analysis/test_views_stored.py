@@ -1,0 +1,66 @@
+"""A run's stored analysis views are used as they are when this code stored them, and shadowed
+by temp views when they are another code's (views.ensure_views, through safe_connect)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+from ranklens.analysis import views
+from ranklens.analysis.results_store import finalize_run
+from ranklens.analysis.sql_console import safe_connect
+from ranklens.ingest.run import ingest_traces
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "megatron_tp2_pp2_dp2" / "raw"
+QUERY = "SELECT * FROM overlap_by_step ORDER BY ALL"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("views") / "run.duckdb"
+    ingest_traces([str(SAMPLE)], db, finalize=finalize_run)
+    return db
+
+
+def _temp_views(con: duckdb.DuckDBPyConnection) -> int:
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_views() WHERE temporary AND NOT internal"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _with_digest(run: Path, dest: Path, digest: str | None) -> Path:
+    shutil.copyfile(run, dest)
+    con = duckdb.connect(str(dest))
+    con.execute("DELETE FROM meta WHERE key = ?", [views.VIEWS_DIGEST])
+    if digest is not None:
+        con.execute("INSERT INTO meta VALUES (?, ?)", [views.VIEWS_DIGEST, digest])
+    con.close()
+    return dest
+
+
+def test_current_stored_views_are_used_as_stored(run: Path) -> None:
+    con = safe_connect(run)
+    try:
+        assert _temp_views(con) == 0  # nothing created: the stored views are this code's
+        got = con.execute(QUERY).fetchall()
+    finally:
+        con.close()
+    fresh = duckdb.connect(str(run), read_only=True)
+    views.apply_all_views(fresh)  # this code's views, created now
+    assert _temp_views(fresh) > 0
+    assert got and got == fresh.execute(QUERY).fetchall()
+    fresh.close()
+
+
+@pytest.mark.parametrize("digest", ["0123456789abcdef", None])  # another code's; none stored
+def test_other_or_unknown_views_are_shadowed(run: Path, tmp_path: Path, digest: str | None) -> None:
+    db = _with_digest(run, tmp_path / "other.duckdb", digest)
+    con = safe_connect(db)
+    try:
+        assert _temp_views(con) > 0
+        assert con.execute(QUERY).fetchall()
+    finally:
+        con.close()
