@@ -9,6 +9,7 @@ reference decoder for that piece, so results and error messages never depend on 
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -20,8 +21,9 @@ from ranklens.ingest.classify import comm_op_of, kind_of
 from ranklens.ingest.kineto_events import _DEVICE_LIKE, _HOST, _arg_groups, _Args, _first_type
 from ranklens.ingest.kineto_events import _to_int as to_int
 
+_kscan: Any
 try:
-    from ranklens.ingest import _kscan  # type: ignore[attr-defined]
+    _kscan = importlib.import_module("ranklens.ingest._kscan")
 except ImportError:  # built without a C compiler: the reference decoder does all the work
     _kscan = None
 
