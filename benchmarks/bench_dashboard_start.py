@@ -58,13 +58,15 @@ def stored_copy(db: Path) -> tuple[Path, float]:
 
 
 def _fresh(db: Path) -> bool:
-    """Whether `db`'s stored report is still this code's (else it is stored again)."""
+    """Whether `db`'s stored report and views are still this code's (else stored again)."""
     import duckdb
     from ranklens.analysis.report import stored_report
+    from ranklens.analysis.views import VIEWS_DIGEST, views_digest
 
     con = duckdb.connect(str(db), read_only=True)
     try:
-        return stored_report(con) is not None
+        row = con.execute("SELECT value FROM meta WHERE key = ?", [VIEWS_DIGEST]).fetchone()
+        return stored_report(con) is not None and row == (views_digest(),)
     finally:
         con.close()
 
