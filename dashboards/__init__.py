@@ -1,7 +1,7 @@
 """The Dash dashboard: `app.create_app(db_path)`; it draws analysis results and computes nothing.
 
 Dash imports its Jupyter support at import time, and with it IPython, requests and friends
-(~0.5 s of a ~2 s start where IPython is installed, as it is in most ML environments). A
+(~0.35 s of a ~2 s start where IPython is installed, as it is in most ML environments). A
 dashboard server never runs inside Jupyter, so outside a running IPython, dash is imported
 with IPython hidden (dash then stubs its Jupyter helpers), and IPython stays importable after.
 """
