@@ -55,12 +55,17 @@ def apply_sql(con: duckdb.DuckDBPyConnection, *names: str) -> None:
     stay ASOF joins: DuckDB turns one whose left side it *estimates* small into a nested loop
     (asof_loop_join_threshold), and its estimate of a materialized CTE can be far too small
     (the pipeline blocks of 1,024 ranks: 35 s as a loop, 0.7 s as an ASOF join)."""
-    # a sandboxed connection (sql_console.safe_connect) has it from its config, locked
-    if con.execute("SELECT current_setting('asof_loop_join_threshold')").fetchone() != (0,):
-        con.execute("SET asof_loop_join_threshold = 0")
+    keep_asof_joins(con)
     for name in with_requirements(names):
         con.execute(sql_text(name))
     _redirect(con, held_views(con))
+
+
+def keep_asof_joins(con: duckdb.DuckDBPyConnection) -> None:
+    """ASOF joins stay ASOF joins on `con` (apply_sql's docstring says why); a sandboxed
+    connection (sql_console.safe_connect) has it from its config, locked."""
+    if con.execute("SELECT current_setting('asof_loop_join_threshold')").fetchone() != (0,):
+        con.execute("SET asof_loop_join_threshold = 0")
 
 
 def held_views(con: duckdb.DuckDBPyConnection) -> list[str]:

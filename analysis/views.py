@@ -38,14 +38,19 @@ def apply_all_views(con: duckdb.DuckDBPyConnection) -> None:
 def ensure_views(con: duckdb.DuckDBPyConnection) -> None:
     """The analysis views on `con`: the run's stored ones when they are this code's (nothing
     to do), else temp ones (apply_all_views) shadowing whatever older code stored."""
+    if stored_views_current(con):
+        _sql.keep_asof_joins(con)  # what apply_sql would have set
+    else:
+        apply_all_views(con)
+
+
+def stored_views_current(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the run on `con` stored this code's views (store_views' digest in `meta`)."""
     try:
         row = con.execute("SELECT value FROM meta WHERE key = ?", [VIEWS_DIGEST]).fetchone()
     except duckdb.Error:  # not a ranklens run (the caller's own checks say so)
-        row = None
-    if row is None or row[0] != views_digest():
-        apply_all_views(con)
-    elif con.execute("SELECT current_setting('asof_loop_join_threshold')").fetchone() != (0,):
-        con.execute("SET asof_loop_join_threshold = 0")  # as apply_sql sets (its docstring)
+        return False
+    return row == (views_digest(),)
 
 
 VIEWS_DIGEST = "views_digest"

@@ -61,12 +61,11 @@ def _fresh(db: Path) -> bool:
     """Whether `db`'s stored report and views are still this code's (else stored again)."""
     import duckdb
     from ranklens.analysis.report import stored_report
-    from ranklens.analysis.views import VIEWS_DIGEST, views_digest
+    from ranklens.analysis.views import stored_views_current
 
     con = duckdb.connect(str(db), read_only=True)
     try:
-        row = con.execute("SELECT value FROM meta WHERE key = ?", [VIEWS_DIGEST]).fetchone()
-        return stored_report(con) is not None and row == (views_digest(),)
+        return stored_report(con) is not None and stored_views_current(con)
     finally:
         con.close()
 
