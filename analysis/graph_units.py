@@ -15,10 +15,24 @@ NEG = -(1 << 62)
 
 
 def dense_key(a: I64, b: I64) -> tuple[I64, int]:
-    """Dense ids of (a, b) pairs, in sorted order, and how many there are."""
+    """Dense ids of (a, b) pairs, in sorted order, and how many there are. The pairs become
+    one int64 key (np.unique over rows sorts void records: 0.6 s on 1.3 M units); when the
+    keys are already in order (units in lane order) no sort at all."""
     if len(a) == 0:
         return np.zeros(0, dtype=np.int64), 0
-    _, inv = np.unique(np.stack([a, b], axis=1), axis=0, return_inverse=True)
+    a0, b0 = int(a.min()), int(b.min())
+    span_a, span_b = int(a.max()) - a0 + 1, int(b.max()) - b0 + 1
+    if span_a * span_b >= 1 << 62:  # cannot be one int64: rows as they are
+        _, inv = np.unique(np.stack([a, b], axis=1), axis=0, return_inverse=True)
+        inv = np.asarray(inv, dtype=np.int64).reshape(-1)
+        return inv, int(inv.max()) + 1
+    key = (a - a0) * span_b + (b - b0)
+    if bool(np.all(key[1:] >= key[:-1])):
+        new = np.ones(len(key), dtype=bool)
+        new[1:] = key[1:] != key[:-1]
+        ids = np.cumsum(new) - 1
+        return ids, int(ids[-1]) + 1
+    _, inv = np.unique(key, return_inverse=True)
     inv = np.asarray(inv, dtype=np.int64).reshape(-1)
     return inv, int(inv.max()) + 1
 

@@ -53,7 +53,8 @@ def _fingerprint(run: Path) -> tuple[int, int, str]:
             "SELECT (SELECT count(*) FROM events), (SELECT count(*) FROM collectives)"
         ).fetchone() or (0, 0)
         digest = con.execute(
-            "SELECT sum(hash(rank, kind, ts_ns, dur_ns, step, pg_name, peer)) FROM events"
+            # kind as text: the ENUM in one file, VARCHAR on shards (shards._view_sql)
+            "SELECT sum(hash(rank, kind::VARCHAR, ts_ns, dur_ns, step, pg_name, peer)) FROM events"
         ).fetchone()
     finally:
         con.close()

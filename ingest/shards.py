@@ -142,9 +142,16 @@ def remove_parts(run_dir: str | os.PathLike[str], trace_id: int) -> None:
 
 
 def _view_sql(glob: str) -> str:
+    """`events` over the catalog's comm rows and the shards. Why ENUM columns (kind) stay
+    VARCHAR: a filter on a cast column is not pushed into the Parquet scan, so every query
+    decoded every row's strings (the pipeline's bubbles on 8 ranks x 60 MB: 2.3 -> 1.0 s).
+    The values are the same; only their type (and ORDER BY kind) differs from a one-file run."""
     cols = TABLE_BY_NAME["events"].columns
     names = ", ".join(f'"{c.name}"' for c in cols)
-    cast = ", ".join(f'CAST("{c.name}" AS {c.type}) AS "{c.name}"' for c in cols)
+    cast = ", ".join(
+        f'"{c.name}"' if c.type.startswith("ENUM") else f'CAST("{c.name}" AS {c.type}) "{c.name}"'
+        for c in cols
+    )
     src = (
         f"read_parquet('{_sql_str(glob)}', hive_partitioning = true, "
         "hive_types = {'rank': INTEGER}, union_by_name = false)"

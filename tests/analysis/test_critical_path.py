@@ -196,3 +196,24 @@ def test_contradicting_timestamps_never_make_a_cycle() -> None:
     pos = {v: i for i, v in enumerate(order.tolist())}
     dst = [0, 1, 2]
     assert all(pos[s] < pos[d] for s, d, k in zip(src.tolist(), dst, keep, strict=True) if k)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_dense_key_numbers_pairs_in_sorted_order(seed: int) -> None:
+    """dense_key's fast paths (one int64 key; no sort when the pairs come in order) give the
+    ids that numbering the distinct (a, b) rows in sorted order gives, including negative and
+    far-apart values and pairs too wide for one int64."""
+    from ranklens.analysis import graph_units as gu
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 60))
+    a = rng.integers(-3, 5, n).astype(np.int64) * (1 << (20 * (seed % 4)))
+    b = rng.integers(-2, 4, n).astype(np.int64) * (1 << (20 * (seed % 3)))
+    if seed % 2:
+        order = np.lexsort((b, a))
+        a, b = a[order], b[order]
+    ids, count = gu.dense_key(a, b)
+    distinct = sorted(set(zip(a.tolist(), b.tolist(), strict=True)))
+    rank_of = {pair: i for i, pair in enumerate(distinct)}
+    assert count == len(distinct)
+    assert ids.tolist() == [rank_of[p] for p in zip(a.tolist(), b.tolist(), strict=True)]

@@ -29,12 +29,16 @@ _STAMPS = ("ingested_at",)
 
 
 def tables(run: Path) -> dict[str, list[Any]]:
-    """Every row of every schema table (and the aligned view), sorted; stamps aside."""
+    """Every row of every schema table (and the aligned view), sorted; stamps aside. Sorted
+    with `kind` as text: a sharded run's `events.kind` is VARCHAR, not the ENUM (shards.py
+    _view_sql says why), so ORDER BY ALL would order the same rows differently."""
     con = connect(run)
     try:
         out = {}
         for name in [t.name for t in TABLES] + ["events_aligned"]:
-            rows = con.execute(f"SELECT * FROM {name} ORDER BY ALL").fetchall()
+            cols = [r[0] for r in con.execute(f"DESCRIBE {name}").fetchall()]
+            order = ", ".join(f'"{c}"::VARCHAR' if c == "kind" else f'"{c}"' for c in cols)
+            rows = con.execute(f"SELECT * FROM {name} ORDER BY {order}").fetchall()
             out[name] = [r for r in rows if not (name == "meta" and r[0] in _STAMPS)]
         return out
     finally:
