@@ -66,6 +66,7 @@ class RunData:
         self._extent: tl.Extent | None = None
         self._cache: dict[str, Any] = {}
         self._memo: OrderedDict[Hashable, Any] = OrderedDict()
+        self._building: dict[Hashable, threading.Lock] = {}  # memo keys being built
         self.results = ResultStore()
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -145,16 +146,30 @@ class RunData:
     def memo(self, key: Hashable, build: Callable[[], Any]) -> Any:
         """`build()` once per `key` (least recently used dropped past MEMO_SIZE). For pages and
         figures: the results they draw never change while the run is served, and building
-        one (plotly validates every value) costs more than sending it."""
+        one (plotly validates every value) costs more than sending it. A caller that asks for
+        a key being built waits for that build (the first page's request arriving while the
+        warming thread renders it) instead of building it a second time beside it."""
         with self._lock:
             if key in self._memo:
                 self._memo.move_to_end(key)
                 return self._memo[key]
-        value = build()
-        with self._lock:
-            self._memo[key] = value
-            while len(self._memo) > MEMO_SIZE:
-                self._memo.popitem(last=False)
+            building = self._building.setdefault(key, threading.Lock())
+        with building:
+            with self._lock:
+                if key in self._memo:
+                    self._memo.move_to_end(key)
+                    return self._memo[key]
+            try:
+                value = build()
+            except BaseException:
+                with self._lock:
+                    self._building.pop(key, None)
+                raise
+            with self._lock:
+                self._memo[key] = value
+                self._building.pop(key, None)
+                while len(self._memo) > MEMO_SIZE:
+                    self._memo.popitem(last=False)
         return value
 
     def timeline_base(self) -> tl.Overview:

@@ -1,8 +1,8 @@
 """Serve the dashboard for a run given as a database or as trace files.
 
 Why here and not in the CLI: the CLI stays a thin narrator; this reads (or computes) the
-analyses and renders the first page before the port opens, so it is served from memory, and
-warms the other pages right after (Warmer). The run is opened like every other
+analyses before the port opens, renders the first page as it opens (while the browser loads
+the page's scripts) and the other pages after (Warmer). The run is opened like every other
 command's (ingest.run.open_run: the same options, the same temporary ingest, removed when the
 server stops, also on SIGTERM since the entry point turns it into an exception).
 """
@@ -54,24 +54,26 @@ def serve(
         log("analyzing the run ...")
         data.report()  # stored by ingest: read back, else computed now
         app = create_app(run.db_path, data=data, baseline=base)
-        warm_pages(app, ["/"])
-        rest = Warmer(app, data, base)  # the other pages while the first one is served
+        rest = Warmer(app, data, base)  # the first page as the port opens, then the others
         stack.callback(rest.stop)  # before the run is closed (callbacks run last-in first)
         log(f"ranklens dashboard on http://{host}:{port}/  (Ctrl+C to stop)")
         app.run(host=host, port=port, debug=debug, use_reloader=False)
 
 
 class Warmer:
-    """Warms what the first page does not need (the timeline's overview and lanes, the
-    comparison, every other page's default view) on a thread once the port is open, so a
-    stored run's first page is served within a couple of seconds of the start and the other
-    pages are ready by the time they are clicked; a page asked for before that is computed
-    on demand (RunData keeps one of each). It starts DRAW_WAIT_S after the first page's content
-    was asked for (or FIRST_PAGE_WAIT_S after the start), not to slow that page down: on 2 cores
-    the warming took the CPU the browser needed to draw it (0.3 s of a 1.3 s draw)."""
+    """Warms the pages on a thread as the port opens. First the first page, while the
+    browser fetches and compiles the page's scripts (~0.1-0.25 s; it used to wait for the
+    server rendering it before the port opened); its request, if earlier, waits for that
+    render (RunData.memo). Then what the first page does not need (the timeline's overview and
+    lanes, the comparison, every other page's default view), so the other pages are ready by
+    the time they are clicked; a page asked for before that is computed on demand (RunData
+    keeps one of each). Those start DRAW_WAIT_S after the first page's content was asked for
+    (or FIRST_PAGE_WAIT_S after the start), not to slow that page down: on 2 cores the warming
+    took the CPU the browser needed to draw it (0.3 s of a 1.3 s draw)."""
 
     def __init__(self, app: dash.Dash, data: RunData, base: Baseline | None) -> None:
         self._halt = threading.Event()
+        self._first = partial(warm_pages, app, ["/"])
         self._steps: list[Callable[[], object]] = [data.timeline_base, data.timeline_lanes]
         if base is not None:
             self._steps.append(lambda: comparison(data, base))
@@ -88,6 +90,10 @@ class Warmer:
         return response
 
     def _run(self) -> None:
+        try:  # while the browser loads the page's scripts; its request waits for this (memo)
+            self._first()
+        except Exception:
+            pass  # the page computes it on demand, and shows its own error
         if self._served.wait(FIRST_PAGE_WAIT_S):
             self._halt.wait(DRAW_WAIT_S)
         for step in self._steps:

@@ -1,6 +1,7 @@
-"""`ranklens dashboard` on a run ingested before: the first page is ready when the port opens,
-built from the results ingest stored (no dependency graph, no analysis recomputed), and every
-other page is warmed right after on a thread that stops before the run is closed."""
+"""`ranklens dashboard` on a run ingested before: the first page is rendered first, as the port
+opens, from the results ingest stored (no dependency graph, no analysis recomputed), then every
+other page, on a thread that stops before the run is closed; a request for a page being
+rendered waits for that render instead of doing it twice."""
 
 from __future__ import annotations
 
@@ -51,6 +52,14 @@ def test_first_page_ready_at_start_and_the_rest_warmed_from_stored_results(
         real_init(self, app, data, base)
 
     monkeypatch.setattr(server.Warmer, "__init__", init)
+    real_warm = server.warm_pages
+    order: list[list[str] | None] = []
+
+    def warm(app: dash.Dash, paths: list[str] | None = None) -> None:
+        order.append(paths)
+        real_warm(app, paths)
+
+    monkeypatch.setattr(server, "warm_pages", warm)
 
     def run(self: dash.Dash, **_: Any) -> None:
         with self.server.test_request_context("/"):
@@ -67,7 +76,8 @@ def test_first_page_ready_at_start_and_the_rest_warmed_from_stored_results(
 
     monkeypatch.setattr(dash.Dash, "run", run)
     server.serve([str(stored)], log=lambda _: None)
-    assert seen["at_port"] == {"ranklens.dashboards.pages.overview"}  # "/" and only it
+    assert seen["at_port"] == set()  # the port opens without waiting for a page
+    assert order[0] == ["/"] and ["/"] not in order[1:]  # the first page first, once
     assert seen["warmed"] == seen["want"] and len(seen["want"]) >= 5
     assert isinstance(seen["base"], tl.Overview)
 
@@ -95,3 +105,44 @@ def test_the_warmer_stops_before_the_run_is_closed(
     monkeypatch.setattr(dash.Dash, "run", lambda self, **_: None)  # Ctrl+C at once
     server.serve([str(stored)], log=lambda _: None)
     assert len(threads) == 1 and not threads[0]._thread.is_alive()
+
+
+def test_a_page_being_built_is_built_once(stored: Path) -> None:
+    """Two requests for one memo key at once (the warming thread and the browser's request):
+    one build, both get its value; a failed build lets the next caller build."""
+    import threading
+
+    from ranklens.dashboards.data import RunData
+
+    data = RunData(stored)
+    try:
+        calls: list[int] = []
+        started, release = threading.Event(), threading.Event()
+
+        def slow() -> str:
+            calls.append(1)
+            started.set()
+            release.wait(10)
+            return "page"
+
+        got: list[str] = []
+        first = threading.Thread(target=lambda: got.append(data.memo("k", slow)))
+        first.start()
+        assert started.wait(10)
+        second = threading.Thread(target=lambda: got.append(data.memo("k", slow)))
+        second.start()
+        time.sleep(0.2)  # the second caller is waiting, not building
+        assert len(calls) == 1
+        release.set()
+        first.join(10)
+        second.join(10)
+        assert got == ["page", "page"] and len(calls) == 1
+
+        def broken() -> str:
+            raise RuntimeError("no")
+
+        with pytest.raises(RuntimeError):
+            data.memo("j", broken)
+        assert data.memo("j", lambda: "again") == "again"
+    finally:
+        data.close()
