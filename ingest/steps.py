@@ -9,12 +9,16 @@ largest part of an ingest.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Iterator
 
 import duckdb
 import pyarrow as pa
 from ranklens.ingest import staging, step_assign
 from ranklens.ingest.schema import TABLE_BY_NAME
+
+PARALLEL_ROWS = 400_000  # a rank this large is written by two INSERTs at once (_insert_two)
 
 
 def write_rank(
@@ -29,20 +33,86 @@ def write_rank(
     step, windows = step_assign.assign(staging.step_table(pieces), has_gpu)
     insert_windows(con, rank, windows)
     schema = _stream_schema(pieces)
+    # One INSERT for the whole rank, fed a piece at a time: DuckDB pays its per-statement
+    # setup and half-filled row groups once per rank, not once per piece (the write of a 400 MB
+    # trace's 1.3 M rows: 1.7 -> 1.2 s), and memory stays one unpacked piece. A large rank is
+    # two INSERTs on two threads (below).
+    half = _second_half(pieces) if n >= PARALLEL_ROWS else len(pieces)
+    if half == len(pieces):
+        insert_events(con, _reader(pieces, step, 0, schema))
+        return
+    second = pieces[half:]
+    del pieces[half:]
+    at = n - sum(p.rows for p in second)
+    _insert_two(con, _reader(pieces, step, 0, schema), _reader(second, step, at, schema))
+
+
+def _reader(
+    pieces: list[staging.Piece], step: pa.Array, at: int, schema: pa.Schema
+) -> pa.RecordBatchReader:
+    """The pieces' rows with their steps (from row `at` of the rank's `step`), a piece at a
+    time, in `schema`."""
 
     def batches() -> Iterator[pa.RecordBatch]:
-        at = 0
+        pos = at
         for piece in staging.unpack_all(pieces):
-            out = piece.append_column("step", step.slice(at, piece.num_rows))
-            at += piece.num_rows
+            out = piece.append_column("step", step.slice(pos, piece.num_rows))
+            pos += piece.num_rows
             del piece
             yield from _conform(out, schema).to_batches()
             del out
 
-    # One INSERT for the whole rank, fed a piece at a time: DuckDB pays its per-statement
-    # setup and half-filled row groups once per rank, not once per piece (the write of a 400 MB
-    # trace's 1.3 M rows: 1.7 -> 1.2 s), and memory stays one unpacked piece.
-    insert_events(con, pa.RecordBatchReader.from_batches(schema, batches()))
+    return pa.RecordBatchReader.from_batches(schema, batches())
+
+
+def _second_half(pieces: list[staging.Piece]) -> int:
+    """Where the rank's pieces split into two runs of about half its rows (len: no split)."""
+    total, acc = sum(p.rows for p in pieces), 0
+    for i, p in enumerate(pieces):
+        if acc >= total / 2:
+            return i
+        acc += p.rows
+    return len(pieces)
+
+
+def _insert_two(
+    con: duckdb.DuckDBPyConnection, first: pa.RecordBatchReader, second: pa.RecordBatchReader
+) -> None:
+    """Two INSERTs at once, each in its own transaction on its own connection to `con`'s
+    database: DuckDB compresses a stream's row groups on one thread (~1 us a row), and a large
+    rank is most of a one-file ingest's write. The first commits before the second, so the
+    table holds the rows in the order one INSERT would; when either INSERT fails, neither is
+    kept."""
+    curs = (con.cursor(), con.cursor())
+    failed: list[BaseException] = []
+
+    def run(cur: duckdb.DuckDBPyConnection, reader: pa.RecordBatchReader) -> None:
+        try:
+            insert_events(cur, reader)
+        except BaseException as exc:  # re-raised in the caller's thread
+            failed.append(exc)
+
+    try:
+        for cur in curs:
+            cur.execute("BEGIN TRANSACTION")
+        thread = threading.Thread(target=run, args=(curs[1], second), name="ranklens-insert")
+        thread.start()
+        try:
+            run(curs[0], first)
+        finally:
+            thread.join()
+        if failed:
+            raise failed[0]
+        for cur in curs:
+            cur.execute("COMMIT")
+    except BaseException:
+        for cur in curs:
+            with contextlib.suppress(duckdb.Error):  # none open: not begun, or committed
+                cur.execute("ROLLBACK")
+        raise
+    finally:
+        for cur in curs:
+            cur.close()
 
 
 def insert_windows(
@@ -74,9 +144,13 @@ def _stream_schema(pieces: list[staging.Piece]) -> pa.Schema:
             kinds = set(types)
             if len(kinds) > 1:
                 plain = [t.value_type if pa.types.is_dictionary(t) else t for t in kinds]
-                typ = pa.unify_schemas(
-                    [pa.schema([(name, t)]) for t in plain], promote_options="permissive"
-                ).field(0).type
+                typ = (
+                    pa.unify_schemas(
+                        [pa.schema([(name, t)]) for t in plain], promote_options="permissive"
+                    )
+                    .field(0)
+                    .type
+                )
             else:
                 typ = types[0]
             out.append(pa.field(name, typ))
@@ -86,16 +160,12 @@ def _stream_schema(pieces: list[staging.Piece]) -> pa.Schema:
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """`table` with exactly `schema`'s columns (NULL where it has none), types and order."""
     n = table.num_rows
-    cols = [
-        table[f.name] if f.name in table.column_names else pa.nulls(n, f.type) for f in schema
-    ]
+    cols = [table[f.name] if f.name in table.column_names else pa.nulls(n, f.type) for f in schema]
     out = pa.table(cols, names=schema.names)
     return out if out.schema.equals(schema) else out.cast(schema)
 
 
-def insert_events(
-    con: duckdb.DuckDBPyConnection, table: pa.Table | pa.RecordBatchReader
-) -> None:
+def insert_events(con: duckdb.DuckDBPyConnection, table: pa.Table | pa.RecordBatchReader) -> None:
     """Append rows (with their step) to `events`, by column name; columns a reader does not
     fill stay NULL."""
     names = ", ".join(f'"{c}"' for c in _EVENTS if c in table.schema.names)
