@@ -5,8 +5,8 @@ Why (design.md, "Storage at scale"; docs/scale.md): one DuckDB writer inserting 
 ingest at ~2.9 µs per row whatever the cores. The cross-rank stage (groups, matching, alignment)
 reads and updates only communication rows, so those stay a real table in the catalog
 (`events_comm`); everything else is written once, by the per-rank task, as Parquet. The view
-`events` is the union of the two with the table's exact column types, so every face sees the same
-table names and types whatever the storage.
+`events` is the union of the two with the table's column types (but `kind`, kept as text:
+_view_sql says why), so every face sees the same table names and values whatever the storage.
 
 The catalog's `events` view names the shards by a path relative to the run directory (the run
 stays one directory to copy); ranklens connections shadow it with a temporary view on the
