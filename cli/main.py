@@ -39,6 +39,7 @@ from ranklens.ingest import RanklensError
 from ranklens.ingest.engines import ENGINES
 from ranklens.ingest.lifecycle import EXIT_TERMINATED, handle_sigterm, was_terminated
 from ranklens.ingest.loader import STORAGES
+from ranklens.ingest.output import check_result_file, replacing_file
 from ranklens.ingest.run import OpenOptions, ingest_traces, open_run
 from rich.console import Console
 from rich.markup import escape
@@ -169,19 +170,23 @@ def sql(
     opts: OpenOptions = FROM_FLAGS,
 ) -> None:
     """Read-only SQL over the run: tables (events, steps, ranks, ...) and analysis views."""
+    if fmt == "parquet" and output is None:
+        raise typer.BadParameter("--format parquet needs --output FILE")
+    if output is not None:
+        check_result_file(output, [database])  # never over an input, a run or a trace
     with open_run([database], opts) as run:  # the console opens run.db_path sandboxed
         df = run_sql(run.db_path, query, max_rows=None if fmt != "table" else max_rows)
+    if output is None:
+        render.frame_out(df, fmt, out)
+        return
+    with replacing_file(output) as tmp:  # the old file stays if the write is cut short
+        if fmt == "parquet":
+            df.write_parquet(tmp)
+        else:
+            with open(tmp, "w") as fh:
+                render.frame_out(df, fmt, Console(file=fh, width=10_000), title=None)
     if fmt == "parquet":
-        if output is None:
-            raise typer.BadParameter("--format parquet needs --output FILE")
-        df.write_parquet(output)
         out.print(f"wrote {df.height} rows to {output}")
-        return
-    if output is not None:
-        with open(output, "w") as fh:
-            render.frame_out(df, fmt, Console(file=fh, width=10_000), title=None)
-        return
-    render.frame_out(df, fmt, out)
 
 
 @app.command()

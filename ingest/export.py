@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
-from ranklens.ingest.output import OutputError
+from ranklens.ingest.output import OutputError, output_lock, sweep_leftovers, temp_path
 from ranklens.ingest.run import OpenOptions, open_run
 from ranklens.ingest.schema import TABLES
 from ranklens.ingest.shards import COMM_TABLE
@@ -85,20 +85,23 @@ _ELSEWHERE = "give a new directory outside the inputs, e.g. --parquet run_parque
 
 
 def export_parquet(con: duckdb.DuckDBPyConnection, out: Path) -> ExportReport:
-    """Write every base table of `con` under `out` (checked by check_target), atomically."""
+    """Write every base table of `con` under `out` (checked by check_target), atomically:
+    built in `.NAME.tmp-PID` beside it, under `.NAME.lock`, which also lets it remove what a
+    killed export to `out` left there."""
     dest = Path(os.path.abspath(out))
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = temp_path(dest)
     report = ExportReport(out_dir=str(out))
-    try:
-        for name in _tables(con):
-            report.rows[name] = _copy(con, name, tmp)
-            if name in PER_RANK and report.rows[name]:
-                report.partitioned.append(name)
-        _publish(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with output_lock(dest, "export"):
+        sweep_leftovers(dest)
+        tmp.mkdir()
+        try:
+            for name in _tables(con):
+                report.rows[name] = _copy(con, name, tmp)
+                if name in PER_RANK and report.rows[name]:
+                    report.partitioned.append(name)
+            _publish(tmp, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return report
 
 

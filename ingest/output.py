@@ -110,10 +110,11 @@ _PERM_HINT = "write to a directory you can write to, or fix its permissions"
 
 
 @contextmanager
-def output_lock(out: Path) -> Iterator[None]:
-    """Hold `.NAME.lock` beside `out` for the ingest; a second writer gets a clear error."""
+def output_lock(out: Path, what: str = "ingest") -> Iterator[None]:
+    """Hold `.NAME.lock` beside `out` while `what` (ingest, export) writes it; a second writer
+    gets a clear error."""
     path = out.with_name(f".{out.name}.lock")
-    fd = _acquire(out, path)
+    fd = _acquire(out, path, what)
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -124,7 +125,7 @@ def output_lock(out: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _acquire(out: Path, path: Path) -> int:
+def _acquire(out: Path, path: Path, what: str) -> int:
     while True:
         try:
             fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o644)
@@ -140,7 +141,7 @@ def _acquire(out: Path, path: Path) -> int:
             pid = os.read(fd, 32).decode(errors="replace").strip() or "?"
             os.close(fd)
             raise OutputError(
-                f"{out}: another ranklens ingest (pid {pid}) is writing it",
+                f"{out}: another ranklens {what} (pid {pid}) is writing it",
                 "wait for it to finish, or write to another file",
             ) from None
         # The previous holder unlinks the lock when done: ours must still be the one named.
@@ -229,3 +230,56 @@ def commit_dir(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, out)  # new, or an empty directory
+
+
+def check_result_file(out: Path, inputs: Sequence[str]) -> None:
+    """Refuse a query result's file (`ranklens sql -o`) that is an input (or a file a glob
+    input matches), a directory, a ranklens run or a trace, before the query runs: rows
+    written over those would destroy what the user gave."""
+    import glob
+
+    if os.path.lexists(out):
+        for f in inputs:
+            for match in [f, *glob.glob(f)] if glob.has_magic(f) else [f]:
+                with suppress(OSError):
+                    if os.path.samefile(out, match):
+                        raise OutputError(
+                            f"{out}: the output is one of the inputs ({match}); writing the "
+                            "result there would destroy it",
+                            _RESULT_ELSEWHERE,
+                        )
+        if out.is_dir():
+            raise OutputError(f"{out}: is a directory", _RESULT_ELSEWHERE)
+        if is_database(out) or is_sharded_run(out):
+            raise OutputError(
+                f"{out}: is a DuckDB database; writing the result there would destroy it",
+                _RESULT_ELSEWHERE,
+            )
+        if out.name.endswith((*readers.trace_suffixes(), ".gz")):
+            raise OutputError(
+                f"{out}: is named like a trace; writing the result there would destroy it",
+                _RESULT_ELSEWHERE,
+            )
+    parent = out.absolute().parent
+    if not parent.is_dir():
+        raise OutputError(
+            f"{out}: the directory {parent} does not exist",
+            f"create it first (mkdir -p {parent}) or write elsewhere",
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{out}: cannot write in {parent} (permission denied)", _PERM_HINT)
+
+
+_RESULT_ELSEWHERE = "write the result to a new file, e.g. -o result.csv"
+
+
+@contextmanager
+def replacing_file(out: Path) -> Iterator[Path]:
+    """The temporary path to write a result at (beside `out`): renamed over `out` when the
+    block ends normally and removed otherwise, so an interrupted write keeps the old file."""
+    tmp = temp_path(out)
+    try:
+        yield tmp
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)

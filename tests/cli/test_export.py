@@ -146,3 +146,27 @@ def test_refuses_a_file_and_a_missing_parent(db: Path, tmp_path: Path) -> None:
     assert "not a directory" in _refused([str(db), "--parquet", str(f)])
     assert f.read_text() == "x"
     assert "does not exist" in _refused([str(db), "--parquet", str(tmp_path / "no" / "pq")])
+
+
+def test_a_killed_exports_leftover_is_removed_by_the_next(db: Path, tmp_path: Path) -> None:
+    """A killed export leaves `.NAME.tmp-PID` beside its target; the next export to that target
+    removes it (under the target's lock, so never a running export's), and finishes."""
+    out = tmp_path / "pq"
+    stale = tmp_path / ".pq.tmp-999999"
+    (stale / "events").mkdir(parents=True)
+    (stale / "events" / "part.parquet").write_bytes(b"half")
+    res = runner.invoke(app, ["export", str(db), "--parquet", str(out)])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pq"]
+    assert (out / "events").is_dir()
+
+
+def test_a_second_export_to_the_same_target_is_refused_while_one_runs(
+    db: Path, tmp_path: Path
+) -> None:
+    from ranklens.ingest.output import output_lock
+
+    out = tmp_path / "pq"
+    with output_lock(out.absolute(), "export"):
+        assert "another ranklens export" in _refused([str(db), "--parquet", str(out)])
+    assert not out.exists()
