@@ -46,6 +46,8 @@ TARGET_SPEEDUP = 10.0
 
 RANKLENS_CHILD = """
 import json, sys, time
+from ranklens.ingest.lifecycle import skip_pandas_probe
+skip_pandas_probe()  # as the `ranklens` console script does (cli/entry.py)
 from ranklens.ingest import load_traces
 t0 = time.perf_counter()
 rep = load_traces([sys.argv[1]], sys.argv[2], workers=(int(sys.argv[3]) or None))

@@ -289,6 +289,20 @@ def main() -> None:
     except GeneratorExit:
         raise
     except BaseException as exc:  # also native panics (pyo3's PanicException)
+        # DuckDB turns a signal that arrives during a query into its own "Query interrupted"
+        # error, losing the KeyboardInterrupt (or Terminated) that Python raised: every
+        # cleanup has run all the same on the way here.
+        if was_terminated():
+            err.print("terminated")
+            sys.exit(EXIT_TERMINATED)
+        if _interrupted_query(exc):
+            err.print("interrupted")
+            sys.exit(130)
         if state["debug"]:
             raise
         sys.exit(internal_error(exc))
+
+
+def _interrupted_query(exc: BaseException) -> bool:
+    """A DuckDB query stopped by Ctrl+C (DuckDB's own error for it)."""
+    return isinstance(exc, RuntimeError) and str(exc).startswith("Query interrupted")

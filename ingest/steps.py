@@ -35,8 +35,8 @@ def write_rank(
     schema = _stream_schema(pieces)
     # One INSERT for the whole rank, fed a piece at a time: DuckDB pays its per-statement
     # setup and half-filled row groups once per rank, not once per piece (the write of a 400 MB
-    # trace's 1.3 M rows: 1.7 -> 1.2 s), and memory stays one unpacked piece. A large rank is
-    # two INSERTs on two threads (below).
+    # trace's 1.3 M rows: 1.7 -> 1.2 s), and memory stays one unpacked piece per INSERT. A
+    # large rank is two INSERTs on two threads (_insert_two: 1.2 -> 0.74 s for that trace).
     half = _second_half(pieces) if n >= PARALLEL_ROWS else len(pieces)
     if half == len(pieces):
         insert_events(con, _reader(pieces, step, 0, schema))
@@ -82,30 +82,32 @@ def _insert_two(
     database: DuckDB compresses a stream's row groups on one thread (~1 us a row), and a large
     rank is most of a one-file ingest's write. The first commits before the second, so the
     table holds the rows in the order one INSERT would; when either INSERT fails, neither is
-    kept."""
+    kept. Ctrl+C or SIGTERM (raised in this thread) stops the other INSERT too, and is what
+    the caller sees."""
     curs = (con.cursor(), con.cursor())
     failed: list[BaseException] = []
 
-    def run(cur: duckdb.DuckDBPyConnection, reader: pa.RecordBatchReader) -> None:
+    def later() -> None:
         try:
-            insert_events(cur, reader)
+            insert_events(curs[1], second)
         except BaseException as exc:  # re-raised in the caller's thread
             failed.append(exc)
 
+    thread = threading.Thread(target=later, name="ranklens-insert")
     try:
         for cur in curs:
             cur.execute("BEGIN TRANSACTION")
-        thread = threading.Thread(target=run, args=(curs[1], second), name="ranklens-insert")
         thread.start()
-        try:
-            run(curs[0], first)
-        finally:
-            thread.join()
+        insert_events(curs[0], first)
+        thread.join()
         if failed:
             raise failed[0]
         for cur in curs:
             cur.execute("COMMIT")
     except BaseException:
+        if thread.is_alive():
+            curs[1].interrupt()
+            _wait(thread)
         for cur in curs:
             with contextlib.suppress(duckdb.Error):  # none open: not begun, or committed
                 cur.execute("ROLLBACK")
@@ -113,6 +115,13 @@ def _insert_two(
     finally:
         for cur in curs:
             cur.close()
+
+
+def _wait(thread: threading.Thread) -> None:
+    """Join `thread` (its query interrupted, it ends soon), through a second Ctrl+C too."""
+    while thread.is_alive():
+        with contextlib.suppress(KeyboardInterrupt):
+            thread.join(0.1)
 
 
 def insert_windows(

@@ -142,3 +142,27 @@ def test_installed_demo_runs() -> None:
     res = subprocess.run([str(exe), "demo"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "Findings" in res.stdout and "ranks: 8 of 8" in res.stdout
+
+
+@pytest.mark.parametrize("sigterm", [True, False])
+def test_a_query_interrupted_by_a_signal_ends_as_the_signal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], sigterm: bool
+) -> None:
+    """DuckDB turns a signal that lands during a query into RuntimeError("Query interrupted"),
+    dropping Python's KeyboardInterrupt: the entry point still ends SIGTERM with 143 and
+    Ctrl+C with 130, not with an internal error."""
+    from ranklens.cli import main as cli_main
+    from ranklens.ingest import lifecycle
+
+    def interrupted() -> None:
+        if sigterm:
+            lifecycle._received.append(15)
+        raise RuntimeError("Query interrupted")
+
+    monkeypatch.setattr(lifecycle, "_received", [])
+    monkeypatch.setattr(cli_main, "app", interrupted)
+    monkeypatch.setattr(cli_main, "handle_sigterm", lambda: None)
+    with pytest.raises(SystemExit) as stop:
+        cli_main.main()
+    assert stop.value.code == (143 if sigterm else 130)
+    assert ("terminated" if sigterm else "interrupted") in capsys.readouterr().err

@@ -118,3 +118,33 @@ def test_when_one_of_two_inserts_fails_nothing_of_the_rank_is_kept(
         steps.write_rank(con, 3, False, _four_pieces())
     assert len(seen) == 2
     assert con.execute("SELECT count(*) FROM events").fetchone() == (0,)
+
+
+def test_ctrl_c_during_the_first_insert_is_what_the_caller_sees(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl+C (or SIGTERM, a KeyboardInterrupt here) in the caller's INSERT: the other INSERT
+    is stopped and rolled back, and the interrupt, not an error of the other thread, is
+    raised (the CLI turns it into exit 130/143)."""
+    import threading
+
+    monkeypatch.setattr(steps, "PARALLEL_ROWS", 1)
+    real = steps.insert_events
+    second_started = threading.Event()
+
+    def interrupted(con: duckdb.DuckDBPyConnection, table: pa.RecordBatchReader) -> None:
+        batch = table.read_next_batch()
+        if batch["ts_ns"][0].as_py() == 0:  # the caller's half
+            assert second_started.wait(10)
+            raise KeyboardInterrupt
+        second_started.set()
+        real(con, pa.RecordBatchReader.from_batches(table.schema, [batch, *table]))
+        raise duckdb.InterruptException("Query interrupted")  # as DuckDB reports it
+
+    monkeypatch.setattr(steps, "insert_events", interrupted)
+    con = duckdb.connect()
+    con.execute(ddl())
+    with pytest.raises(KeyboardInterrupt):
+        steps.write_rank(con, 3, False, _four_pieces())
+    assert con.execute("SELECT count(*) FROM events").fetchone() == (0,)
+    assert [t.name for t in threading.enumerate() if t.name == "ranklens-insert"] == []

@@ -1,0 +1,6 @@
+"""Imported first by the decoding workers' forkserver (lifecycle.worker_pool), so every worker
+forked from it starts with pyarrow settled on working without pandas (lifecycle says why)."""
+
+from ranklens.ingest.lifecycle import skip_pandas_probe
+
+skip_pandas_probe()
