@@ -142,6 +142,10 @@ def _run_pool(batch: Batch, pool: ProcessPoolExecutor, shas: dict[str, str]) -> 
                     kineto.cleanup(prep)
             batch.file_done(f)
         if deferred is not None:
+            # Nothing is left to decode: the workers go (and the memory they hold, ~60-80 MB
+            # each) before the last rank's write, the ingest's peak (run_parallel's own
+            # shutdown is then a no-op).
+            pool.shutdown(wait=True)
             deferred()
     finally:
         # On an early exit (error, interrupt) files prepared ahead still hold inflated .gz
