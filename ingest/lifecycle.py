@@ -101,6 +101,9 @@ class _NoPandas:
             raise ImportError("pandas is not used by ranklens")
 
 
+_probe_settled: list[bool] = []  # skip_pandas_probe ran in this process: its workers do too
+
+
 def skip_pandas_probe() -> None:
     """Have pyarrow settle, now, that it works without pandas, unless pandas is imported.
 
@@ -108,8 +111,10 @@ def skip_pandas_probe() -> None:
     installed, as in nearly every ML environment, imports it: 0.2 s and tens of MB in every
     process, for objects ranklens never hands it (the 402 MB trace's ingest: 1.34x -> 1.6x the
     file in memory). pyarrow looks once and remembers, so the import is refused for that one
-    look; pandas stays importable for anything else. For ranklens' own processes only (the
-    console script, the decoding workers), never a library user's."""
+    look; pandas stays importable for anything else. For ranklens' own processes only: the
+    console script and, after it, its decoding workers (worker_pool). Never a library user's
+    process or its workers, which re-run the user's main module, where pyarrow may be handed
+    pandas objects."""
     if "pandas" in sys.modules:
         return
     import pyarrow as pa
@@ -119,14 +124,16 @@ def skip_pandas_probe() -> None:
         pa.array([0])
     finally:
         sys.meta_path.remove(_NoPandas)
+    _probe_settled.append(True)
 
 
 def worker_pool(workers: int, preload: str) -> ProcessPoolExecutor:
     """The ingest's worker processes: forked from a server that imported `preload` once (after
-    worker_boot: no pandas for pyarrow), each dying with the main process (no orphan outlives a
-    killed ingest)."""
+    worker_boot where this process settled pyarrow's pandas probe), each dying with the main
+    process (no orphan outlives a killed ingest)."""
     ctx = get_context("forkserver")
-    ctx.set_forkserver_preload(["ranklens.ingest.worker_boot", preload])
+    boot = ["ranklens.ingest.worker_boot"] if _probe_settled else []
+    ctx.set_forkserver_preload([*boot, preload])
     return ProcessPoolExecutor(
         max_workers=workers,
         mp_context=ctx,

@@ -34,38 +34,75 @@ def _pids(marks: Path) -> list[int]:
     return [int(x) for x in marks.read_text().split()] if marks.exists() else []
 
 
-def test_the_console_script_and_its_workers_never_import_pandas(tmp_path: Path) -> None:
+def test_the_console_script_never_imports_pandas(tmp_path: Path) -> None:
     env, marks = _fake_pandas(tmp_path)
+    out = str(tmp_path / "r.duckdb")
     code = (
         "import sys\n"
         "from ranklens.cli.entry import main\n"
-        f"sys.argv = ['ranklens', 'ingest', {str(SAMPLE)!r}, '-o', {str(tmp_path / 'r.duckdb')!r},"
-        " '--workers', '2']\n"
+        f"sys.argv = ['ranklens', 'ingest', {str(SAMPLE)!r}, '-o', {out!r}]\n"
         "main()\n"
     )
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "ingested 8 rank(s)" in res.stdout
-    assert _pids(marks) == []  # neither the main process nor a worker looked for pandas
+    assert _pids(marks) == []
 
 
-def test_library_use_keeps_its_pandas_and_workers_skip_it(tmp_path: Path) -> None:
+# The sample is small enough to be decoded in-process: these make the ingest use its workers
+# and print how many processes the pool started.
+_POOLED = (
+    "import ranklens.ingest.loader as loader\n"
+    "import ranklens.ingest.lifecycle as lifecycle\n"
+    "loader._SERIAL_BELOW_BYTES = 0\n"
+    "_real = lifecycle.worker_pool\n"
+    "pools = []\n"
+    "def _pool(*a):\n"
+    "    pools.append(_real(*a))\n"
+    "    return pools[-1]\n"
+    "lifecycle.worker_pool = _pool\n"
+)
+
+
+def test_the_console_scripts_workers_never_import_pandas(tmp_path: Path) -> None:
+    """As the console script: the probe first, then the CLI. Run with -c, so the workers do
+    not re-run a main module (the console script's own does nothing at import)."""
+    env, marks = _fake_pandas(tmp_path)
+    out = str(tmp_path / "r.duckdb")
+    code = (
+        "import sys\n"
+        "from ranklens.ingest.lifecycle import skip_pandas_probe\n"
+        "skip_pandas_probe()\n" + _POOLED + "from ranklens.cli.entry import main\n"
+        f"sys.argv = ['ranklens', 'ingest', {str(SAMPLE)!r}, '-o', {out!r}, '--workers', '2']\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    print(len(pools))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split()[-1] == "1"  # the workers did decode
+    assert _pids(marks) == []  # and neither they nor the main process looked for pandas
+
+
+def test_library_use_and_its_workers_are_left_as_they_are(tmp_path: Path) -> None:
+    """A library caller's workers re-run its main module, which may hand pyarrow pandas
+    objects: there, as in the caller's own process, pyarrow still looks for pandas."""
     env, marks = _fake_pandas(tmp_path)
     code = (
-        "import os\n"
-        "from ranklens.ingest import load_traces\n"
+        "import os\n" + _POOLED + "from ranklens.ingest import load_traces\n"
         "if __name__ == '__main__':\n"
         f"    load_traces([{str(SAMPLE)!r}], {str(tmp_path / 'r.duckdb')!r}, workers=2)\n"
-        "    import pyarrow as pa\n"
-        "    pa.array([1])\n"
-        "    print(os.getpid())\n"
+        "    print(len(pools), os.getpid())\n"
     )
     script = tmp_path / "user.py"
     script.write_text(code)
     res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    main_pid = int(res.stdout.split()[-1])
-    assert set(_pids(marks)) == {main_pid}  # the user's process looked, its workers did not
+    n_pools, main_pid = (int(x) for x in res.stdout.split()[-2:])
+    pids = set(_pids(marks))
+    assert n_pools == 1 and main_pid in pids
+    assert len(pids - {main_pid}) >= 1  # its workers looked too, as before
 
 
 def test_pandas_stays_importable_after_the_probe(tmp_path: Path) -> None:
