@@ -9,6 +9,7 @@ server stops, also on SIGTERM since the entry point turns it into an exception).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -90,10 +91,10 @@ class Warmer:
         return response
 
     def _run(self) -> None:
-        try:  # while the browser loads the page's scripts; its request waits for this (memo)
+        # while the browser loads the page's scripts; its request waits for this (memo). On a
+        # failure the page computes it on demand, and shows its own error.
+        with contextlib.suppress(Exception):
             self._first()
-        except Exception:
-            pass  # the page computes it on demand, and shows its own error
         if self._served.wait(FIRST_PAGE_WAIT_S):
             self._halt.wait(DRAW_WAIT_S)
         for step in self._steps:
