@@ -1,8 +1,8 @@
 """pyarrow imports pandas, where it is installed, the first time it makes an array (0.2 s and
 tens of MB a process). ranklens' own processes, the console script and the decoding workers,
 settle that probe at start and never import pandas, while pandas stays importable; a library
-user's session is left as it is. A stand-in `pandas` package records each process that
-imports it."""
+caller's process and its workers are left as they are. A stand-in `pandas` package records
+each process that imports it."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def _fake_pandas(tmp: Path) -> tuple[dict[str, str], Path]:
         "    f.write(f'{os.getpid()}\\n')\n"
         "raise ImportError('stand-in pandas')\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp / "fake")}
+    paths = [str(tmp / "fake"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     return env, marks
 
 
