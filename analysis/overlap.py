@@ -101,8 +101,8 @@ def _findings(by_rank: pl.DataFrame, by_par: pl.DataFrame, p: Params) -> list[Fi
             severity=Severity.WARNING,
             message=(
                 f"{worst['exposed_share']:.0%} of the step is exposed communication on rank "
-                f"{worst['rank']} (overlap ratio {worst['overlap_ratio'] or 0:.0%}); "
-                f"most of it is {top}"
+                f"{worst['rank']}{_how_many(bad.height, by_rank.height, p.exposed_warn)} "
+                f"(overlap ratio {worst['overlap_ratio'] or 0:.0%}); most of it is {top}"
             ),
             fix=fixes.get(
                 top,
@@ -120,3 +120,12 @@ def _findings(by_rank: pl.DataFrame, by_par: pl.DataFrame, p: Params) -> list[Fi
             },
         )
     ]
+
+
+def _how_many(bad: int, ranks: int, threshold: float) -> str:
+    """What follows the worst rank's number in the message (", the worst of 6 of 8 ranks above
+    10%") when the finding covers more than one rank: it must not read as if that rank were
+    the only one."""
+    if bad <= 1:
+        return ""
+    return f", the worst of {bad} of {ranks} ranks above {threshold:.0%}"

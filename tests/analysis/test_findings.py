@@ -63,3 +63,35 @@ def test_dp_into_bubbles_needs_both_analyses() -> None:
     assert derive({"overlap": res["overlap"]}) == []
     small = _results([(0, 0, 0, 10 * MS, 100 * MS, MS // 2)])  # 0.5% of the window: below 1%
     assert derive(small) == []
+
+
+def _by_rank(shares: list[float]) -> pl.DataFrame:
+    """overlap_by_rank rows (the columns the finding reads): 1 s of window, 40% of it
+    communication, `shares` of it exposed, one step each."""
+    n = len(shares)
+    return pl.DataFrame(
+        {
+            "rank": list(range(n)),
+            "exposed_share": shares,
+            "exposed_ns": [int(s * 1e9) for s in shares],
+            "comm_ns": [400_000_000] * n,
+            "window_ns": [1_000_000_000] * n,
+            "steps": [1] * n,
+            "overlap_ratio": [1 - s / 0.4 for s in shares],
+        }
+    )
+
+
+def test_exposed_comm_names_the_worst_rank_and_how_many_others() -> None:
+    """Three of four ranks above the threshold: the message names the worst (rank 2) and says
+    it is one of three, so it does not read as a single-rank problem; the ranks field lists
+    the three. One rank above it: the message names it alone."""
+    from ranklens.analysis.overlap import Params, _findings
+
+    by_par = pl.DataFrame({"rank": [0], "parallelism": ["DP"], "exposed_ns": [1]})
+    (many,) = _findings(_by_rank([0.2, 0.05, 0.3, 0.15]), by_par, Params())
+    assert many.ranks == (0, 2, 3)
+    assert "on rank 2, the worst of 3 of 4 ranks above 10% (overlap ratio" in many.message
+    (one,) = _findings(_by_rank([0.05, 0.3]), by_par, Params())
+    assert one.ranks == (1,) and "on rank 1 (overlap ratio" in one.message
+    assert "worst of" not in one.message
