@@ -12,12 +12,10 @@ import sys
 def _import_dash_without_ipython() -> None:
     if "dash" in sys.modules or "IPython" in sys.modules:
         return  # already imported, or inside IPython/Jupyter: leave dash as it is
-    sys.modules["IPython"] = None  # type: ignore[assignment]  # `import IPython` fails
-    try:
+    from ranklens.ingest.lifecycle import refusing_import
+
+    with refusing_import("IPython"):
         import dash  # noqa: F401
-    finally:
-        if sys.modules.get("IPython", 0) is None:
-            del sys.modules["IPython"]
 
 
 _import_dash_without_ipython()

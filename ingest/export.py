@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
-from ranklens.ingest.output import OutputError, output_lock, sweep_leftovers, temp_path
+from ranklens.ingest.output import (
+    OutputError,
+    check_parent,
+    check_writable,
+    output_lock,
+    sweep_leftovers,
+    temp_path,
+)
 from ranklens.ingest.run import OpenOptions, open_run
 from ranklens.ingest.schema import TABLES
 from ranklens.ingest.shards import COMM_TABLE
@@ -68,17 +75,8 @@ def check_target(out: Path, inputs: list[str]) -> None:
                 f"{out}: the directory is not empty; export never writes over files",
                 "give a new or empty directory, or remove this one yourself",
             )
-    parent = here.parent
-    if not parent.is_dir():
-        raise OutputError(
-            f"{out}: the directory {parent} does not exist",
-            f"create it first (mkdir -p {parent}) or write elsewhere",
-        )
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(
-            f"{out}: cannot write in {parent} (permission denied)",
-            "write to a directory you can write to, or fix its permissions",
-        )
+    check_parent(out, here.parent)
+    check_writable(out, here.parent)
 
 
 _ELSEWHERE = "give a new directory outside the inputs, e.g. --parquet run_parquet"

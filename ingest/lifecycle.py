@@ -16,7 +16,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from multiprocessing import get_context
 from pathlib import Path
 from types import FrameType
@@ -92,13 +94,28 @@ def _dead(pid: int) -> bool:
     return False
 
 
-class _NoPandas:
-    """A meta path finder that refuses `import pandas` (held for one pyarrow call)."""
+class _Refuse:
+    """A meta path finder that refuses one top-level package and its submodules."""
 
-    @staticmethod
-    def find_spec(name: str, path: object = None, target: object = None) -> None:
-        if name == "pandas" or name.startswith("pandas."):
-            raise ImportError("pandas is not used by ranklens")
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == self.name or name.startswith(self.name + "."):
+            raise ImportError(f"{self.name} is not used by ranklens here")
+
+
+@contextmanager
+def refusing_import(name: str) -> Iterator[None]:
+    """`import name` fails (ImportError) inside the block, unless it is imported already: for a
+    library that looks for an optional package once, at import or first use (pyarrow for
+    pandas, dash for IPython), in a process that never uses it. It stays importable after."""
+    finder = _Refuse(name)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
 
 
 _probe_settled: list[bool] = []  # skip_pandas_probe ran in this process: its workers do too
@@ -119,11 +136,8 @@ def skip_pandas_probe() -> None:
         return
     import pyarrow as pa
 
-    sys.meta_path.insert(0, _NoPandas)
-    try:
+    with refusing_import("pandas"):
         pa.array([0])
-    finally:
-        sys.meta_path.remove(_NoPandas)
     _probe_settled.append(True)
 
 

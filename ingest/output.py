@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import os
 import shutil
 import stat
@@ -38,13 +39,7 @@ def check_output(out: Path, inputs: Sequence[str], *, sharded: bool = False) -> 
     """Refuse an output path that cannot (or must not) be replaced, before any work is done.
     A sharded run is a directory: it may replace an earlier sharded run or an empty directory."""
     parent = out.absolute().parent
-    if not parent.exists():
-        raise OutputError(
-            f"{out}: the directory {parent} does not exist",
-            f"create it first (mkdir -p {parent}) or write elsewhere",
-        )
-    if not parent.is_dir():
-        raise OutputError(f"{out}: {parent} is not a directory", "choose another output path")
+    check_parent(out, parent)
     if os.path.lexists(out):
         _check_existing(out, inputs, sharded)
     if out.name.endswith((*readers.trace_suffixes(), ".gz")):  # any reader's, compressed or not
@@ -52,6 +47,22 @@ def check_output(out: Path, inputs: Sequence[str], *, sharded: bool = False) -> 
             f"{out}: an output named like a trace would be read as one later",
             "name the database *.duckdb (e.g. -o run.duckdb)",
         )
+    check_writable(out, parent)
+
+
+def check_parent(out: Path, parent: Path) -> None:
+    """Refuse an output whose directory (`parent`) does not exist or is not a directory."""
+    if not parent.exists():
+        raise OutputError(
+            f"{out}: the directory {parent} does not exist",
+            f"create it first (mkdir -p {parent}) or write elsewhere",
+        )
+    if not parent.is_dir():
+        raise OutputError(f"{out}: {parent} is not a directory", "choose another output path")
+
+
+def check_writable(out: Path, parent: Path) -> None:
+    """Refuse an output in a directory (`parent`) this user cannot write in."""
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"{out}: cannot write in {parent} (permission denied)", _PERM_HINT)
 
@@ -236,8 +247,6 @@ def check_result_file(out: Path, inputs: Sequence[str]) -> None:
     """Refuse a query result's file (`ranklens sql -o`) that is an input (or a file a glob
     input matches), a directory, a ranklens run or a trace, before the query runs: rows
     written over those would destroy what the user gave."""
-    import glob
-
     if os.path.lexists(out):
         for f in inputs:
             for match in [f, *glob.glob(f)] if glob.has_magic(f) else [f]:
@@ -250,7 +259,7 @@ def check_result_file(out: Path, inputs: Sequence[str]) -> None:
                         )
         if out.is_dir():
             raise OutputError(f"{out}: is a directory", _RESULT_ELSEWHERE)
-        if is_database(out) or is_sharded_run(out):
+        if is_database(out):
             raise OutputError(
                 f"{out}: is a DuckDB database; writing the result there would destroy it",
                 _RESULT_ELSEWHERE,
@@ -261,13 +270,8 @@ def check_result_file(out: Path, inputs: Sequence[str]) -> None:
                 _RESULT_ELSEWHERE,
             )
     parent = out.absolute().parent
-    if not parent.is_dir():
-        raise OutputError(
-            f"{out}: the directory {parent} does not exist",
-            f"create it first (mkdir -p {parent}) or write elsewhere",
-        )
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"{out}: cannot write in {parent} (permission denied)", _PERM_HINT)
+    check_parent(out, parent)
+    check_writable(out, parent)
 
 
 _RESULT_ELSEWHERE = "write the result to a new file, e.g. -o result.csv"

@@ -31,6 +31,13 @@ def _fake_pandas(tmp: Path) -> tuple[dict[str, str], Path]:
     return env, marks
 
 
+def _ok(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run `cmd`; it must succeed."""
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return res
+
+
 def _pids(marks: Path) -> list[int]:
     return [int(x) for x in marks.read_text().split()] if marks.exists() else []
 
@@ -44,8 +51,7 @@ def test_the_console_script_never_imports_pandas(tmp_path: Path) -> None:
         f"sys.argv = ['ranklens', 'ingest', {str(SAMPLE)!r}, '-o', {out!r}]\n"
         "main()\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
+    res = _ok([sys.executable, "-c", code], env)
     assert "ingested 8 rank(s)" in res.stdout
     assert _pids(marks) == []
 
@@ -80,8 +86,7 @@ def test_the_console_scripts_workers_never_import_pandas(tmp_path: Path) -> None
         "finally:\n"
         "    print(len(pools))\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
+    res = _ok([sys.executable, "-c", code], env)
     assert res.stdout.split()[-1] == "1"  # the workers did decode
     assert _pids(marks) == []  # and neither they nor the main process looked for pandas
 
@@ -98,8 +103,7 @@ def test_library_use_and_its_workers_are_left_as_they_are(tmp_path: Path) -> Non
     )
     script = tmp_path / "user.py"
     script.write_text(code)
-    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
+    res = _ok([sys.executable, str(script)], env)
     n_pools, main_pid = (int(x) for x in res.stdout.split()[-2:])
     pids = set(_pids(marks))
     assert n_pools == 1 and main_pid in pids
@@ -118,7 +122,6 @@ def test_pandas_stays_importable_after_the_probe(tmp_path: Path) -> None:
         "except ImportError as exc:\n"
         "    print(exc)\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
+    res = _ok([sys.executable, "-c", code], env)
     assert "stand-in pandas" in res.stdout  # a real import reached the package
     assert len(_pids(marks)) == 1
