@@ -128,11 +128,26 @@ def _plain(t: pa.Table) -> pa.Table:
             a = t[c.name]
             if not pa.types.is_dictionary(a.type) or typ != pa.string():
                 a = a.cast(typ)
+            else:
+                a = pa.chunked_array([_no_null_values(ch) for ch in a.chunks], a.type)
         else:
             a = pa.nulls(t.num_rows, typ)
         cols.append(a)
         names.append(c.name)
     return pa.table(cols, names=names)
+
+
+def _no_null_values(a: pa.DictionaryArray) -> pa.DictionaryArray:
+    """`a` with no null in its dictionary (the rows that pointed at one are null): Parquet's
+    writer refuses such a dictionary, which a reader builds when it maps names to optional
+    labels (Nsight's kernel name -> collective op)."""
+    values = a.dictionary
+    if not values.null_count:
+        return a
+    keep = np.asarray(values.is_valid().to_numpy(zero_copy_only=False))
+    new = pa.array((np.cumsum(keep) - 1).astype(np.int32), mask=~keep)
+    idx = pc.take(new, a.indices).cast(a.indices.type)
+    return pa.DictionaryArray.from_arrays(idx, values.drop_null())
 
 
 def remove_parts(run_dir: str | os.PathLike[str], trace_id: int) -> None:

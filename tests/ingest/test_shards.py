@@ -14,6 +14,7 @@ from typing import Any
 
 import duckdb
 import pytest
+from nsys_fixtures import NsysDB
 from ranklens.analysis.report import build_report
 from ranklens.analysis.sql_console import SqlError, run_sql
 from ranklens.ingest import load_traces, loader
@@ -108,6 +109,29 @@ def test_public_nccl_and_nsight_same_tables(tmp_path: Path, shared_traces: Path)
     nsys = shared_traces / "nsys-ai" / "h100_2gpu_1s.sqlite"
     a, b = both([str(nsys)], tmp_path / "nsys", workers=1)
     assert_same(a, b)
+
+
+def test_nsight_compute_and_nccl_kernels_same_tables(tmp_path: Path) -> None:
+    """A Nsight export whose kernels are both compute and NCCL: the reader labels only the NCCL
+    ones with a collective, and Parquet refused the null label in its dictionary (every such
+    export failed with --storage shards)."""
+    db = NsysDB(tmp_path / "rank0.sqlite").meta(env={"RANK": "0"})
+    db.process(100)
+    t = 1_000_000
+    for i in range(40):
+        name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)" if i % 4 == 0 else "gemm"
+        db.kernel(100, t, t + 700, name, corr=i, stream=7 + (i % 4 == 0))
+        t += 1000
+    a, b = both([str(db.save())], tmp_path / "run", workers=1)
+    assert_same(a, b)
+    con = connect(b)
+    try:
+        got = con.execute(
+            "SELECT coll_op IS NULL, count(*) FROM events GROUP BY ALL ORDER BY ALL"
+        ).fetchall()
+    finally:
+        con.close()
+    assert got == [(False, 10), (True, 30)]
 
 
 def test_local_ray_same_tables(tmp_path: Path) -> None:
