@@ -124,7 +124,8 @@ def _write(res: RankResult, tables: Iterator[pa.Table], run_dir: str) -> None:
     step, res.windows = step_assign.assign(
         staging.step_table(staged), bool(res.info.get("has_gpu"))
     )
-    all_corr, all_ext = np.concatenate(corr), np.concatenate(ext)
+    all_corr, all_ext = shards.unique_keys(corr), shards.unique_keys(ext)
+    del corr, ext
     comm: list[pa.Table] = []
     at = 0
     for i, piece in enumerate(staging.unpack_all(staged)):

@@ -67,37 +67,61 @@ def _ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(col.drop_null().to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def comm_mask(table: pa.Table, corr: np.ndarray, ext: np.ndarray) -> pa.Array:
+def comm_mask(table: pa.Table, corr: pa.Array, ext: pa.Array) -> pa.Array:
     """Rows the cross-rank stage reads or updates (ingest/post.py, p2p_batches.py,
     gloo_groups.py, matching.py, communicators.py): comm events; host ops carrying a group,
     peer or collective; gloo's send/recv issue ops; the runtime launches of comm kernels
-    (`corr`); device events launched by a collective host op (`ext`)."""
+    (`corr`, the rank's unique keys: `unique_keys`); device events launched by a collective
+    host op (`ext`)."""
     n = table.num_rows
 
     def col(name: str, typ: pa.DataType) -> pa.ChunkedArray | pa.Array:
         return table[name] if name in table.column_names else pa.nulls(n, typ)
 
-    kind = col("kind", pa.string()).cast(pa.string())
+    kind = col("kind", pa.string())
     device = col("device", pa.int32())
     host = pc.equal(device, -1)
-    named = pc.or_(
-        pc.or_(pc.is_valid(col("pg_name", pa.string())), pc.is_valid(col("peer", pa.int32()))),
-        pc.or_(
+    named = pc.or_kleene(
+        pc.or_kleene(
+            pc.is_valid(col("pg_name", pa.string())), pc.is_valid(col("peer", pa.int32()))
+        ),
+        pc.or_kleene(
             pc.is_valid(col("coll_op", pa.string())),
-            pc.is_in(col("name", pa.string()).cast(pa.string()), pa.array(_HOST_P2P)),
+            _text_is_in(col("name", pa.string()), pa.array(_HOST_P2P)),
         ),
     )
-    launch = pc.and_(
-        pc.equal(kind, "runtime"),
-        pc.is_in(col("correlation", pa.int64()), pa.array(np.unique(corr), pa.int64())),
+    launch = pc.and_kleene(
+        _text_is_in(kind, _RUNTIME), pc.is_in(col("correlation", pa.int64()), corr)
     )
-    launched = pc.and_(
-        pc.greater_equal(device, 0),
-        pc.is_in(col("external_id", pa.int64()), pa.array(np.unique(ext), pa.int64())),
+    launched = pc.and_kleene(
+        pc.greater_equal(device, 0), pc.is_in(col("external_id", pa.int64()), ext)
     )
-    mask = pc.or_(pc.or_(pc.equal(kind, "comm"), pc.and_(host, named)), pc.or_(launch, launched))
-    out = pc.fill_null(mask, False)
+    mask = pc.or_kleene(
+        pc.or_kleene(_text_is_in(kind, _COMM), pc.and_kleene(host, named)),
+        pc.or_kleene(launch, launched),
+    )
+    out = pc.fill_null(mask, False)  # Kleene logic: an unknown never hides a known true
     return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out
+
+
+_RUNTIME, _COMM = pa.array(["runtime"]), pa.array(["comm"])
+
+
+def unique_keys(keys: list[np.ndarray]) -> pa.Array:
+    """One rank's `comm_keys` column, each key once (what `comm_mask` looks up)."""
+    return pa.array(np.unique(np.concatenate(keys)) if keys else np.empty(0, np.int64))
+
+
+def _text_is_in(col: pa.ChunkedArray | pa.Array, values: pa.Array) -> pa.ChunkedArray | pa.Array:
+    """`col` is one of `values`, for a text column that may be dictionary-encoded: tested on
+    each dictionary's few values, not on millions of decoded rows."""
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+    if not chunks or not pa.types.is_dictionary(chunks[0].type):
+        return pc.is_in(col, values)
+    out = [
+        pc.fill_null(pc.take(pc.is_in(ch.dictionary, values), ch.indices), False) for ch in chunks
+    ]  # a null row is not in `values`, as pc.is_in says
+    return pa.chunked_array(out, pa.bool_())
 
 
 def part_dir(run_dir: str | os.PathLike[str], rank: int) -> Path:
