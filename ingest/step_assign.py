@@ -58,17 +58,20 @@ def assign(ev: pa.Table, has_gpu: bool) -> tuple[pa.Array, list[Window]]:
     for name, typ in _COLUMNS.items():  # a reader may stage fewer columns (all NULL)
         if name not in ev.column_names:
             ev = ev.append_column(name, pa.nulls(n, typ))
-    kind = _strings(ev["kind"])
-    devv = ev["device"].fill_null(-2).to_numpy(zero_copy_only=False).astype(np.int64)
+    kind = _Kinds(ev["kind"])
+    devv = _ints(ev["device"], -2, np.int32)
     host, gpu = devv == -1, devv >= 0
-    ts = ev["ts_ns"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    has_end = ev["dur_ns"].is_valid().to_numpy(zero_copy_only=False)
-    end = ts + ev["dur_ns"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    ts = _ints(ev["ts_ns"], 0)
+    dur = ev["dur_ns"]
+    has_end = (
+        dur.is_valid().to_numpy(zero_copy_only=False) if dur.null_count else np.ones(n, np.bool_)
+    )
+    end = ts + _ints(dur, 0)
     step = np.zeros(n, np.int32)
     known = np.zeros(n, np.bool_)
-    cpu = _cpu_steps(ev["name"], kind == "annotation", host, ts, end, has_end)
+    cpu = _cpu_steps(ev["name"], kind.among(("annotation",)), host, ts, end, has_end)
     if cpu is None:
-        pseudo = _pseudo(np.isin(kind, _TRACE_KINDS), gpu, ts, end, has_end, has_gpu)
+        pseudo = _pseudo(kind.among(_TRACE_KINDS), gpu, ts, end, has_end, has_gpu)
         if pseudo is None:
             return pa.array(step, mask=~known), []
         step[:], known[:] = -1, True
@@ -78,8 +81,8 @@ def assign(ev: pa.Table, has_gpu: bool) -> tuple[pa.Array, list[Window]]:
     rows, k = _asof(c_start, c_end, np.flatnonzero(host), ts)
     host_idx = idx.copy()
     host_idx[rows] = k
-    dev_idx = _by_launch(ev["correlation"], np.isin(kind, ("runtime", "sync")), host_idx, gpu)
-    work = np.isin(kind, _WORK)
+    dev_idx = _by_launch(ev["correlation"], kind.among(("runtime", "sync")), host_idx, gpu)
+    work = kind.among(_WORK)
     ws, we = _windows(c_start, c_end, dev_idx, host_idx, work, ts, end, has_end, has_gpu)
     # Device events with no launch: the window whose span holds their start, widened for them.
     lo = np.minimum(ws, c_start)
@@ -103,16 +106,37 @@ def assign(ev: pa.Table, has_gpu: bool) -> tuple[pa.Array, list[Window]]:
     return pa.array(step, mask=~known), wins
 
 
-def _strings(col: pa.ChunkedArray) -> np.ndarray:
-    """A string column as a numpy array of str (dictionary-encoded or not)."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if pa.types.is_dictionary(arr.type):
-        values = np.array(arr.dictionary.to_pylist(), dtype=object)
-        codes = arr.indices.fill_null(0).to_numpy(zero_copy_only=False)
-        out = values[codes] if len(values) else np.full(len(arr), "", dtype=object)
-        out[~arr.is_valid().to_numpy(zero_copy_only=False)] = ""
-        return out
-    return np.array(arr.fill_null("").to_pylist(), dtype=object)
+class _Kinds:
+    """A text column as small integer codes: tested against a few names by looking each
+    distinct value up once (5 M rows: a comparison of codes, not of 5 M Python strings)."""
+
+    def __init__(self, col: pa.ChunkedArray) -> None:
+        chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+        index: dict[str | None, int] = {}
+        parts = []
+        for ch in chunks:  # each chunk's own dictionary mapped into one vocabulary
+            if not pa.types.is_dictionary(ch.type):
+                ch = pc.dictionary_encode(ch)
+            remap = np.array(
+                [index.setdefault(v, len(index)) for v in ch.dictionary.to_pylist()] + [-1],
+                dtype=np.int32,
+            )
+            codes = ch.indices.fill_null(len(remap) - 1).to_numpy(zero_copy_only=False)
+            parts.append(remap[codes])
+        self.values = list(index)
+        # -1 (a null row) reads the table's last entry, which matches nothing
+        self.codes = np.concatenate(parts) if parts else np.empty(0, np.int32)
+
+    def among(self, names: tuple[str, ...]) -> np.ndarray:
+        table = np.array([v in names for v in self.values] + [False], dtype=np.bool_)
+        return table[self.codes]
+
+
+def _ints(col: pa.ChunkedArray, fill: int, dtype: type = np.int64) -> np.ndarray:
+    """An integer column as `dtype`, nulls as `fill` (no copy where there is nothing to fill)."""
+    if col.null_count:
+        col = col.fill_null(fill)
+    return np.asarray(col.to_numpy(), dtype=dtype)
 
 
 def _cpu_steps(
@@ -163,7 +187,7 @@ def _by_launch(
 ) -> np.ndarray:
     """Per event: the step index of the launch with its correlation id (device events)."""
     valid = corr_col.is_valid().to_numpy(zero_copy_only=False)
-    corr = corr_col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    corr = _ints(corr_col, 0)
     out = np.full(len(corr), -1, np.int64)
     launch = np.flatnonzero(is_launch & valid & (host_idx >= 0))
     dev = np.flatnonzero(gpu & valid)
@@ -221,13 +245,16 @@ def _pseudo(
     """The whole trace as step -1 (a rank without ProfilerStep spans); None: nothing timed."""
     if not traced.any():
         return None
-    ends = end[traced & has_end]
-    mine = traced & (gpu if has_gpu else np.ones_like(traced))
-    mine_ends = end[mine & has_end]
-    return Window(
-        -1,
-        int(ts[traced].min()),
-        int(ends.max()) if len(ends) else None,
-        int(ts[mine].min()) if mine.any() else None,
-        int(mine_ends.max()) if len(mine_ends) else None,
-    )
+    ended = traced & has_end
+    mine = traced & gpu if has_gpu else traced
+    mine_ended = mine & has_end
+
+    def lo(where: np.ndarray) -> int | None:  # reduced in place: no copy of 5 M rows
+        return int(np.min(ts, where=where, initial=_BIG)) if where.any() else None
+
+    def hi(where: np.ndarray) -> int | None:
+        return int(np.max(end, where=where, initial=_SMALL)) if where.any() else None
+
+    first = lo(traced)
+    assert first is not None  # traced.any()
+    return Window(-1, first, hi(ended), lo(mine), hi(mine_ended))

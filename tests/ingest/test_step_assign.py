@@ -3,6 +3,8 @@ by hand (the same rules the database tests check end to end through ingest)."""
 
 from __future__ import annotations
 
+import random
+
 import pyarrow as pa
 from ranklens.ingest.step_assign import assign
 
@@ -73,3 +75,47 @@ def test_no_profiler_step_is_one_pseudo_step() -> None:
         60,
         "trace",
     )
+
+
+def _encodings(kinds: list[str | None]) -> list[pa.ChunkedArray]:
+    """The same `kind` column as readers hand it over: plain, one dictionary, and chunks with
+    dictionaries of their own (one holding a null value, as Nsight's reader builds them)."""
+    half = len(kinds) // 2
+    first = pa.array(kinds[:half], pa.string()).dictionary_encode()
+    vocab = [None, *sorted({k for k in kinds[half:] if k is not None}, reverse=True)]
+    second = pa.DictionaryArray.from_arrays(
+        pa.array([vocab.index(k) for k in kinds[half:]], pa.int32()), pa.array(vocab, pa.string())
+    )
+    return [
+        pa.chunked_array([pa.array(kinds, pa.string())]),
+        pa.chunked_array([pa.array(kinds, pa.string()).dictionary_encode()]),
+        pa.chunked_array([first, second]),
+    ]
+
+
+def test_kind_encoding_does_not_change_the_answer() -> None:
+    rnd = random.Random(3)
+    kinds = ["annotation", "runtime", "sync", "compute", "comm", "memcpy", "cpu_op", "other", None]
+    for case in range(60):
+        n = rnd.randint(2, 40)
+        rows = []
+        for i in range(n):
+            k = rnd.choice(kinds)
+            step_span = case % 3 and i < 2  # some ranks have ProfilerStep spans, some not
+            name = f"ProfilerStep#{i + 4}" if step_span else "op"
+            kind = "annotation" if step_span else k
+            dev = -1 if kind in ("annotation", "runtime", "sync", "cpu_op") else rnd.choice([0, 1])
+            dur = rnd.choice([None, rnd.randint(1, 50)]) if not step_span else 60
+            rows.append((name, kind, dev, rnd.randint(0, 200), dur, rnd.choice([None, 1, 2, 3])))
+        plain = _table(rows)
+        want = assign(plain, has_gpu=bool(case % 2))
+        for col in _encodings([r[1] for r in rows]):
+            got = assign(plain.set_column(1, "kind", col), has_gpu=bool(case % 2))
+            assert got[0].to_pylist() == want[0].to_pylist()
+            assert got[1] == want[1]
+    # and the plain answer is the rules' own: a null kind is no kind (no step of its own)
+    ev = _table(
+        [("ProfilerStep#1", "annotation", -1, 0, 100, None), ("x", "cpu_op", -1, 5, 1, None)]
+    )
+    nulled = ev.set_column(1, "kind", _encodings(["annotation", None])[2])
+    assert assign(nulled, has_gpu=False)[0].to_pylist() == [1, 1]
