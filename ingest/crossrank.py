@@ -115,13 +115,24 @@ def label_groups(con: duckdb.DuckDBPyConnection, options: RunOptions) -> None:
         "SELECT pg_name, op, count(*) FROM collectives WHERE pg_name IS NOT NULL GROUP BY ALL"
     ).fetchall():
         ops[str(pg)][str(op)] = int(n)
-    rows = []
+    labels: dict[str, tuple[str | None, str | None]] = {}  # a repeated name: its last row's
     for pg, desc, ranks, size in con.execute(
         "SELECT pg_name, pg_desc, ranks, size FROM process_groups"
     ).fetchall():
-        label, why = attribute(desc, ranks, size, world, ops.get(pg, {}), options.layout)
-        rows.append([label, why, pg])
-    if rows:
-        con.executemany(
-            "UPDATE process_groups SET parallelism = ?, evidence = ? WHERE pg_name = ?", rows
+        labels[pg] = attribute(desc, ranks, size, world, ops.get(pg, {}), options.layout)
+    if labels:  # one UPDATE, not one per group (each of which scans the table)
+        got = pa.table(
+            {
+                "pg": pa.array(list(labels), pa.string()),
+                "label": pa.array([v[0] for v in labels.values()], pa.string()),
+                "why": pa.array([v[1] for v in labels.values()], pa.string()),
+            }
         )
+        con.register("_labels", got)
+        try:
+            con.execute(
+                "UPDATE process_groups SET parallelism = u.label, evidence = u.why "
+                "FROM _labels u WHERE process_groups.pg_name = u.pg"
+            )
+        finally:
+            con.unregister("_labels")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 from ranklens.ingest.groups import label_from_description
 
 
@@ -98,5 +99,16 @@ def _insert_groups(con: duckdb.DuckDBPyConnection, groups: list[dict[str, Any]])
                 g.get("source"),
             ]
         )
-    if rows:
-        con.executemany("INSERT INTO process_groups VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    if rows:  # one statement: executemany pays ~0.2 ms a row (417 groups at 1,024 ranks)
+        cols = list(zip(*rows, strict=True))
+        types = [_TEXT, _TEXT, pa.list_(pa.int32()), pa.int32(), _TEXT, _TEXT, _TEXT, _TEXT]
+        table = pa.table([pa.array(c, t) for c, t in zip(cols, types, strict=True)], names=_PG)
+        con.register("_groups", table)
+        try:
+            con.execute("INSERT INTO process_groups SELECT * FROM _groups")
+        finally:
+            con.unregister("_groups")
+
+
+_TEXT = pa.string()
+_PG = ["pg_name", "pg_desc", "ranks", "size", "backend", "parallelism", "evidence", "source"]

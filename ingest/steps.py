@@ -127,15 +127,26 @@ def _wait(thread: threading.Thread) -> None:
 def insert_windows(
     con: duckdb.DuckDBPyConnection, rank: int, windows: list[step_assign.Window]
 ) -> None:
-    """The rank's rows of `steps`."""
-    if windows:
-        con.executemany(
-            "INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [
-                [rank, w.step, w.cpu_start_ns, w.cpu_end_ns, w.start_ns, w.end_ns, w.source]
-                for w in windows
-            ],
-        )
+    """The rank's rows of `steps`, in one statement (executemany costs ~0.5 ms a row: 75 ms
+    for a trace of 144 steps)."""
+    if not windows:
+        return
+    rows = pa.table(
+        {
+            "rank": pa.array([rank] * len(windows), pa.int32()),
+            "step": pa.array([w.step for w in windows], pa.int32()),
+            "cpu_start_ns": pa.array([w.cpu_start_ns for w in windows], pa.int64()),
+            "cpu_end_ns": pa.array([w.cpu_end_ns for w in windows], pa.int64()),
+            "start_ns": pa.array([w.start_ns for w in windows], pa.int64()),
+            "end_ns": pa.array([w.end_ns for w in windows], pa.int64()),
+            "source": pa.array([w.source for w in windows], pa.string()),
+        }
+    )
+    con.register("_steps", rows)
+    try:
+        con.execute("INSERT INTO steps SELECT * FROM _steps")
+    finally:
+        con.unregister("_steps")
 
 
 def _stream_schema(pieces: list[staging.Piece]) -> pa.Schema:
