@@ -149,12 +149,8 @@ def render_table(report: Report, console: Console) -> None:
     console.print(
         f"[bold]ranklens report[/]  ranks: {len(f['ranks'])}"
         + (f" of {f['world_size']}" if f["world_size"] else "")
-        + f"   steps: {', '.join(str(s) for s in f['steps'])}"
-        + (
-            f"   devices: {', '.join(f['devices'])}"
-            if f["devices"]
-            else ("   CPU-only" if f["cpu_only"] else "   GPU model not recorded")
-        )
+        + f"   steps: {steps_text(f['steps'])}"
+        + f"   {devices_text(f)}"
     )
     if f["missing_ranks"]:
         console.print(f"[yellow]missing ranks:[/] {f['missing_ranks']} (no trace was given)")
@@ -285,7 +281,7 @@ def report_markdown(report: Report) -> str:
     """A Markdown summary (e.g. for a CI job summary or a PR comment)."""
     lines = ["# ranklens report", ""]
     f = report.facts
-    lines.append(f"ranks: {len(f['ranks'])}, steps: {f['steps']}, devices: {f['devices'] or 'CPU'}")
+    lines.append(f"ranks: {len(f['ranks'])}, steps: {steps_text(f['steps'])}, {devices_text(f)}")
     lines += [f"- {line}" for line in cross_rank_lines(f, markup=False)]
     lines += [f"- skipped: {s['message']}" for s in f["skipped"]]
     lines += [f"- warning: {w}" for w in f.get("warnings", [])]
@@ -355,12 +351,28 @@ def frame_out(df: pl.DataFrame, fmt: str, console: Console, title: str | None = 
         console.print(t)
 
 
+def devices_text(f: dict[str, Any]) -> str:
+    """The GPU models, else whether the run is CPU-only or its GPUs' model was not recorded
+    (a Nsight export without TARGET_INFO_GPU is not a CPU run)."""
+    if f["devices"]:
+        return f"devices: {', '.join(f['devices'])}"
+    return "CPU-only" if f["cpu_only"] else "GPU model not recorded"
+
+
+def steps_text(steps: list[int]) -> str:
+    """The steps a report covers; a run without ProfilerStep marks is one pseudo-step (-1),
+    which reads as a bug when printed as a number."""
+    if list(steps) == [-1]:
+        return "none marked (the whole trace is one window)"
+    return ", ".join(str(s) for s in steps)
+
+
 def finding_gain(fd: Finding) -> str:
     """'saves ~X ms/step (replay of SCENARIO)', else '~X ms/step at stake'."""
     if fd.saving_ns is not None:
         return (
             f"saves ~{_fmt(fd.saving_ns, 'ms')} ms/step ({fd.saving_method}; "
-            f"at stake ~{_fmt(fd.time_at_stake_ns, 'ms')})"
+            f"at stake ~{_fmt(fd.time_at_stake_ns, 'ms')} ms)"
         )
     return f"~{_fmt(fd.time_at_stake_ns, 'ms')} ms/step at stake"
 

@@ -219,6 +219,27 @@ def test_two_ranks_in_one_report(ai: tuple[Path, Path]) -> None:
         assert 0 <= row["compute_share"] + row["comm_share"] <= 1  # one stream: no overlap
 
 
+def test_report_header_without_step_marks_or_gpu_model(ai: tuple[Path, Path]) -> None:
+    """This export has no ProfilerStep ranges (the run is one pseudo-step, -1) and no
+    TARGET_INFO_GPU: the header said "steps: -1" and Markdown said "devices: CPU"."""
+    src, db = ai
+    assert not sqlite_rows(src, "SELECT 1 FROM sqlite_master WHERE name = 'TARGET_INFO_GPU'")
+    rep = _json(["report", str(db), "-f", "json"])
+    assert rep["facts"]["steps"] == [-1] and not rep["facts"]["devices"]
+    text = runner.invoke(app, ["report", str(db)], env={"COLUMNS": "200"}).output
+    head = text.splitlines()[0]
+    assert "steps: none marked (the whole trace is one window)" in head, head
+    assert "GPU model not recorded" in head and "-1" not in head
+    md = runner.invoke(app, ["report", str(db), "-f", "markdown"]).stdout.splitlines()
+    assert md[2] == (
+        "ranks: 2, steps: none marked (the whole trace is one window), GPU model not recorded"
+    )
+    # a replayed saving names both of its times in ms
+    gains = [ln for ln in text.splitlines() if "saves ~" in ln]
+    assert gains and all("ms/step" in ln and "at stake ~" in ln for ln in gains)
+    assert all(ln.rstrip().endswith(" ms)") for ln in gains), gains
+
+
 def test_mixed_run_refused_unless_allowed(ai: tuple[Path, Path], tmp_path: Path) -> None:
     src, _ = ai
     files = [str(KINETO / "rank3.json.gz"), str(src)]  # Kineto rank 3, Nsight ranks 0 and 1
