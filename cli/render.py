@@ -121,6 +121,8 @@ def cross_rank_lines(facts: dict[str, Any], markup: bool = True) -> list[str]:
                 f"{al['poor_ranks']} ({how}); cross-host skews and waits below that are not "
                 "trustworthy"
             )
+        elif res is None:  # no collective to measure it on (e.g. a single rank)
+            out.append(f"clock alignment: {how}, no residual measured (no shared collective)")
         else:
             note = " (one host: end spread, not clock error)" if how == "single_host" else ""
             out.append(f"clock alignment: {how}, residual up to {shown}{note}")

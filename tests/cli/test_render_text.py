@@ -1,0 +1,47 @@
+"""Report lines that read wrong when a fact is missing: checked on hand-built facts, and on a
+real one-rank Nsight export (nothing to align it with)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ranklens.cli.main import app
+from ranklens.cli.render import cross_rank_lines, devices_text, steps_text
+from typer.testing import CliRunner
+
+runner = CliRunner()
+
+
+def _alignment(res: int | None, methods: list[str]) -> dict[str, object]:
+    return {"alignment": {"max_residual_ns": res, "methods": methods, "poor": False}}
+
+
+def test_alignment_line_with_and_without_a_residual() -> None:
+    assert cross_rank_lines(_alignment(12_700, ["single_host"]), markup=False) == [
+        "clock alignment: single_host, residual up to 12.7 µs (one host: end spread, not "
+        "clock error)"
+    ]
+    assert cross_rank_lines(_alignment(None, ["single_host"]), markup=False) == [
+        "clock alignment: single_host, no residual measured (no shared collective)"
+    ]
+
+
+def test_steps_and_devices_text() -> None:
+    assert steps_text([-1]) == "none marked (the whole trace is one window)"
+    assert steps_text([3, 4]) == "3, 4"
+    assert devices_text({"devices": ["H100"], "cpu_only": False}) == "devices: H100"
+    assert devices_text({"devices": [], "cpu_only": True}) == "CPU-only"
+    assert devices_text({"devices": [], "cpu_only": False}) == "GPU model not recorded"
+
+
+def test_one_rank_export_report(tmp_path: Path, shared_traces: Path) -> None:
+    src = shared_traces / "pipit-nsys" / "perlmutter-cloverleaf-cuda.sqlite"
+    db = tmp_path / "one.duckdb"
+    res = runner.invoke(app, ["ingest", str(src), "-o", str(db)])
+    assert res.exit_code == 0, res.output
+    facts = json.loads(runner.invoke(app, ["report", str(db), "-f", "json"]).stdout)["facts"]
+    assert facts["ranks"] == [0] and facts["alignment"]["max_residual_ns"] is None
+    text = runner.invoke(app, ["report", str(db)], env={"COLUMNS": "200"}).output
+    assert "no residual measured (no shared collective)" in text
+    assert "residual up to -" not in text
