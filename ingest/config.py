@@ -7,6 +7,7 @@ stays free of logic and the database records exactly what was used.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -191,7 +192,21 @@ def pyproject_section(start: str | os.PathLike[str] = ".") -> dict[str, Any]:
     except (OSError, ValueError) as exc:  # ValueError: TOMLDecodeError
         raise ConfigError(f"{path}: cannot read ({exc})", "fix the TOML syntax") from None
     section = doc.get("tool", {}).get("ranklens", {})
-    return section if isinstance(section, dict) else {}
+    if not isinstance(section, dict):
+        return {}
+    unknown = sorted(set(section) - set(SECTION_KEYS))
+    if unknown:  # a misspelt key would silently leave its option at the default
+        near = [m for k in unknown for m in difflib.get_close_matches(k, SECTION_KEYS, n=1)]
+        raise ConfigError(
+            f"{path}: unknown key(s) in [tool.ranklens]: {', '.join(unknown)}",
+            (f"did you mean {', '.join(near)}? " if near else "")
+            + f"known keys: {', '.join(SECTION_KEYS)}",
+        )
+    return section
+
+
+# What `[tool.ranklens]` may hold: the run options (ingest/run.py) and the `check` table.
+SECTION_KEYS = ("align", "offsets", "layout", "workers", "skip_bad", "allow_mixed", "check")
 
 
 def resolve_options(

@@ -91,6 +91,22 @@ def test_workers_from_pyproject_checked(tmp_path: Path) -> None:
     clear_error(run(["report", runs], tmp_path), "workers must be at least 1")
 
 
+def test_misspelt_pyproject_key_is_an_error(tmp_path: Path) -> None:
+    """`skip-bad` for `skip_bad` left the option at its default without a word: a CI job
+    believed it skipped bad files (or ran with the workers it asked for)."""
+    runs = write_run(tmp_path)
+    (tmp_path / "pyproject.toml").write_text("[tool.ranklens]\nskip-bad = true\nworker = 2\n")
+    res = run(["report", runs], tmp_path)
+    clear_error(res, "unknown key(s) in [tool.ranklens]: skip-bad, worker")
+    assert "did you mean skip_bad, workers?" in " ".join(res.err.split()), res.err
+    # the keys it knows, and its check table, pass
+    (tmp_path / "pyproject.toml").write_text(
+        "[tool.ranklens]\nskip_bad = true\nworkers = 1\n"
+        "[tool.ranklens.check]\nmax_comm_share = 0.99\n"
+    )
+    ok(run(["check", runs], tmp_path))
+
+
 @pytest.mark.parametrize(
     "layout,fragment",
     [
