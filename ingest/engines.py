@@ -16,8 +16,9 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 from ranklens.ingest import lifecycle
-from ranklens.ingest.errors import RanklensError
+from ranklens.ingest.errors import RanklensError, WorkerDied
 from ranklens.ingest.rank_task import RankResult, read_file
+from ranklens.ingest.tempfiles import sweep_abandoned
 
 ENGINES = ("local", "ray")
 
@@ -63,12 +64,11 @@ def _pool(tasks: list[Task], run_dir: str, workers: int) -> Iterator[list[RankRe
             lambda t: pool.submit(read_file, *t, run_dir), Future.result, tasks, 2 * workers
         )
     except BrokenProcessPool:
-        raise RanklensError(
-            "a worker process died while reading a trace (out of memory?)",
-            "retry with fewer --workers (1 reads in-process)",
-        ) from None
+        lifecycle.kill_workers(pool)  # else the broken pool waits for them forever
+        raise WorkerDied() from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        sweep_abandoned()  # the scratch of a worker that was killed mid-task
 
 
 def _in_order(

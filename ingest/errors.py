@@ -40,3 +40,18 @@ class DatabaseError(RanklensError):
 
 class MixedFormatsError(RanklensError):
     """One run holds files of several formats (Kineto traces and Nsight reports)."""
+
+
+class WorkerDied(RanklensError):
+    """A worker process died (killed: out of memory, most likely); its pool is unusable."""
+
+    def __init__(self, path: str | None = None) -> None:
+        what = (
+            f"{path}: a worker process died while reading it"
+            if path
+            else ("a worker process died while reading the traces")
+        )
+        super().__init__(
+            f"{what} (out of memory?)",
+            "retry with fewer --workers (1 reads in-process)",
+        )

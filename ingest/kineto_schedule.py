@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 from ranklens.ingest import kineto, lifecycle
 from ranklens.ingest._model import Batch, RankPart, Reader
-from ranklens.ingest.errors import RanklensError
+from ranklens.ingest.errors import WorkerDied
 from ranklens.ingest.sink import Sink
 
 
@@ -76,8 +76,13 @@ def run_serial(batch: Batch) -> None:
 def run_parallel(batch: Batch) -> None:
     pool = lifecycle.worker_pool(batch.workers, "ranklens.ingest.kineto")
     try:
-        _run_pool(batch, pool, _hash_while_starting(pool, batch))
-    except BaseException:
+        try:
+            _run_pool(batch, pool, _hash_while_starting(pool, batch))
+        except BrokenProcessPool:  # seen before any file was being read (a submit)
+            raise WorkerDied() from None
+    except BaseException as exc:
+        if isinstance(exc, WorkerDied):
+            lifecycle.kill_workers(pool)  # else the broken pool waits for them forever
         pool.shutdown(wait=True, cancel_futures=True)  # only pieces already running finish
         raise
     pool.shutdown(wait=True)
@@ -133,10 +138,7 @@ def _run_pool(batch: Batch, pool: ProcessPoolExecutor, shas: dict[str, str]) -> 
                         finish_last()
                     deferred = _drain(decoding)
             except BrokenProcessPool:
-                raise RanklensError(
-                    f"{f}: a decoding worker process died while reading it (out of memory?)",
-                    "retry with fewer --workers (1 decodes in-process)",
-                ) from None
+                raise WorkerDied(f) from None
             finally:
                 if prep is not None:
                     kineto.cleanup(prep)
@@ -180,7 +182,10 @@ def _parallel_file(
     first = True
     try:
         while nxt < len(prep.pieces) or pending:
-            while nxt < len(prep.pieces) and len(pending) < n:
+            # one piece more than workers: a worker that finishes while this process packs
+            # the piece before it starts the next at once (in-process 2.43 -> 2.32 s on the
+            # 402 MB trace; one more decoded piece, ~16 MB of input, held at most)
+            while nxt < len(prep.pieces) and len(pending) < n + 1:
                 pending.append(pool.submit(kineto.decode_piece, prep, nxt, rank, tid))
                 nxt += 1
             if first:

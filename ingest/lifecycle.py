@@ -10,6 +10,7 @@ process as well where that is not available.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -154,6 +155,18 @@ def worker_pool(workers: int, preload: str) -> ProcessPoolExecutor:
         initializer=die_with_parent,
         initargs=(os.getpid(),),
     )
+
+
+def kill_workers(pool: ProcessPoolExecutor) -> None:
+    """SIGKILL the pool's live workers, once it is broken (one died: the OOM killer).
+
+    Why: a broken pool stops the workers left with SIGTERM, which they ignore (die_with_parent),
+    and then waits for them: without this, the ingest and its exit hang forever."""
+    with contextlib.suppress(RuntimeError):  # the pool's own thread changed the dict meanwhile
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        for p in procs:
+            with contextlib.suppress(OSError, ValueError):  # gone already, or closed
+                p.kill()
 
 
 def start_workers(pool: ProcessPoolExecutor, workers: int) -> None:

@@ -10,8 +10,6 @@ its step windows, threads, groups and file facts. The main process never sees th
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +22,7 @@ from ranklens.ingest._model import rank_from_name
 from ranklens.ingest.errors import RanklensError
 from ranklens.ingest.sanity import check_times
 from ranklens.ingest.sink import file_error, file_size, require_rank, with_rank
+from ranklens.ingest.tempfiles import private_dir
 
 
 @dataclass
@@ -49,14 +48,14 @@ class RankResult:
 def read_file(fmt: str, path: str, trace_id: int, run_dir: str) -> list[RankResult]:
     """Every rank of one file, its shards written under `run_dir`; a bad file gives one result
     holding the error (and no shard). Errors of the machine (memory, disk) are raised."""
-    scratch = tempfile.mkdtemp(prefix="ranklens-task-")
-    try:
-        return list(_read(fmt, path, trace_id, run_dir, scratch))
-    except Exception as exc:
-        shards.remove_parts(run_dir, trace_id)
-        return [RankResult(trace_id, path, fmt, file_size(path), error=file_error(path, exc))]
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    # A private directory: a worker killed mid-task (SIGKILL) leaves it unlocked, and the
+    # ingest that saw the worker die, or any later run, removes it.
+    with private_dir("task") as scratch:
+        try:
+            return list(_read(fmt, path, trace_id, run_dir, str(scratch)))
+        except Exception as exc:
+            shards.remove_parts(run_dir, trace_id)
+            return [RankResult(trace_id, path, fmt, file_size(path), error=file_error(path, exc))]
 
 
 def _read(fmt: str, path: str, tid: int, run_dir: str, scratch: str) -> Iterator[RankResult]:

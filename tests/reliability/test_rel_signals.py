@@ -4,6 +4,7 @@ gzip bomb is stopped while it inflates."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import gzip
 import os
@@ -131,6 +132,72 @@ def test_sigterm_cleans_up_and_exits_143(big_run: Path, tmp_path: Path) -> None:
     unchanged(before, snapshot(tmp_path), new_ok=[p for p in snapshot(tmp_path) if "tmp/" in p])
     assert _ranklens_tmp(tmpdir) == []
     unchanged(inputs, snapshot(big_run))
+
+
+@pytest.fixture(scope="module")
+def four_ranks(big_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four ranks of ~30 MB: files are prepared ahead of the one being decoded, too."""
+    root = tmp_path_factory.mktemp("four") / "run"
+    root.mkdir()
+    for r in range(4):
+        text = (big_run / f"rank{r % 2}.json").read_text()
+        text = text.replace(f'"rank": {r % 2}', f'"rank": {r}', 1)
+        (root / f"rank{r}.json").write_text(text.replace('"world_size": 2', '"world_size": 4', 1))
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("storage", ["file", "shards"])
+@pytest.mark.parametrize("delay", [0.0, 0.3])
+def test_a_killed_worker_is_a_clear_error(
+    four_ranks: Path, tmp_path: Path, storage: str, delay: float
+) -> None:
+    """The kernel's OOM killer takes a worker: the ingest ends with `error:` and `hint:`
+    (fewer --workers), exit 1, no traceback, no output and no process left, whichever call
+    of the pool sees it first. It hung: the pool stops the workers left with SIGTERM, which
+    they ignore; or it was an internal error when the next file's preparation saw it."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    args = ["ingest", str(four_ranks), "-o", "o.duckdb", "--workers", "2", "--storage", storage]
+    proc = subprocess.Popen(
+        [RANKLENS, *args], cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmpdir)}, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    workers: set[int] = set()
+    seen_at = None
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        workers = {p for p in _descendants(proc.pid) if _parent(p) not in (proc.pid, -1)}
+        if workers and seen_at is None:
+            seen_at = time.monotonic()
+        if seen_at is not None and time.monotonic() - seen_at >= delay:
+            break
+        time.sleep(0.01)
+    if proc.poll() is not None or not workers:
+        proc.kill()
+        pytest.fail(f"no worker seen alive to kill: {proc.communicate()}")
+    children = _descendants(proc.pid)
+    os.kill(min(workers), signal.SIGKILL)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        for p in children | {proc.pid}:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+        pytest.fail("the ingest hung after its worker was killed")
+    assert proc.returncode == 1, (out, err)
+    assert "Traceback" not in err and "error:" in err and "hint:" in err, err
+    assert "worker process died" in err and "fewer --workers" in " ".join(err.split()), err
+    assert not (tmp_path / "o.duckdb").exists()
+    assert not _gone(children, 10), "processes outlived the ingest"
+    assert _ranklens_tmp(tmpdir) == []
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
 
 
 @pytest.mark.slow
