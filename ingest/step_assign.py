@@ -121,7 +121,8 @@ class _Kinds:
                 [index.setdefault(v, len(index)) for v in ch.dictionary.to_pylist()] + [-1],
                 dtype=np.int32,
             )
-            codes = ch.indices.fill_null(len(remap) - 1).to_numpy(zero_copy_only=False)
+            codes = ch.indices.cast(pa.int32()).fill_null(len(remap) - 1)
+            codes = codes.to_numpy(zero_copy_only=False)
             parts.append(remap[codes])
         self.values = list(index)
         # -1 (a null row) reads the table's last entry, which matches nothing
