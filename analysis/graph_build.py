@@ -371,6 +371,7 @@ def to_networkx(g: Graph) -> nx.DiGraph:
     lag/kind), for users who want networkx's algorithms; replays use the arrays. (Imported
     here: ~0.1 s that every command, the dashboard's start included, would pay otherwise.)"""
     import networkx as nx
+
     d = nx.DiGraph()
     kinds = ("node", "arrival", "join", "end")
     for v in range(len(g.v_kind)):

@@ -30,7 +30,7 @@ import duckdb
 import polars as pl
 from ranklens.analysis._base import Finding, Result, Severity
 from ranklens.analysis._sql import query_pl
-from ranklens.ingest.database import connect_writable
+from ranklens.ingest.database import connect_writable, registered
 from ranklens.ingest.schema import SCHEMA_VERSION
 
 from ranklens import __version__
@@ -99,11 +99,8 @@ def put(
     drop(con, name)
     names = {key: _table_name(name, key) for key in frames}
     for key, df in frames.items():
-        con.register("_rs_frame", df)
-        try:
+        with registered(con, "_rs_frame", df):
             con.execute(f'CREATE TABLE "{names[key]}" AS SELECT * FROM _rs_frame')
-        finally:
-            con.unregister("_rs_frame")
         if not query_pl(con, f'SELECT * FROM "{names[key]}"').equals(df):
             drop(con, name, list(names.values()))
             return False

@@ -26,6 +26,7 @@ import polars as pl
 import pyarrow as pa
 from ranklens.ingest.clock_p2p import link_components
 from ranklens.ingest.config import RunOptions
+from ranklens.ingest.database import registered
 
 SYNC_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier", "send_recv")
 _HUBER_C = 1.5
@@ -285,7 +286,8 @@ def _residuals(ends: pl.DataFrame, offsets: dict[int, int]) -> dict[int, int | N
 
 def _write(con: duckdb.DuckDBPyConnection, res: Alignment) -> None:
     ranks = list(res.offsets)
-    con.register(
+    with registered(
+        con,
         "_align",
         pa.table(
             {
@@ -295,11 +297,8 @@ def _write(con: duckdb.DuckDBPyConnection, res: Alignment) -> None:
                 "res": pa.array([res.residuals.get(r) for r in ranks], pa.int64()),
             }
         ),
-    )
-    try:
+    ):
         con.execute(
             """UPDATE ranks SET clock_offset_ns = a.o, clock_method = a.m,
                align_residual_ns = a.res FROM _align a WHERE ranks.rank = a.rank"""
         )
-    finally:
-        con.unregister("_align")

@@ -24,6 +24,7 @@ from collections import defaultdict
 
 import duckdb
 import pyarrow as pa
+from ranklens.ingest.database import registered
 
 SOURCE = "inferred_sequence"
 _MAX_TYPES_SHOWN = 4
@@ -76,7 +77,8 @@ def infer_communicators(con: duckdb.DuckDBPyConnection) -> int:
                 for k, v in zip(mapping, (op, size, r, name, len(ranks)), strict=True):
                     mapping[k].append(v)
         made += 1
-    con.register(
+    with registered(
+        con,
         "_ic_map",
         pa.table(
             {
@@ -87,8 +89,7 @@ def infer_communicators(con: duckdb.DuckDBPyConnection) -> int:
                 "gs": pa.array(mapping["gs"], pa.int32()),
             }
         ),
-    )
-    try:
+    ):
         con.execute(
             """UPDATE events SET pg_name = m.pg, group_size = coalesce(events.group_size, m.gs)
                FROM _ic_map m
@@ -96,8 +97,6 @@ def infer_communicators(con: duckdb.DuckDBPyConnection) -> int:
                  AND coalesce(events.coll_op, events.name) = m.op
                  AND coalesce(events.bytes, events.in_nelems) IS NOT DISTINCT FROM m.size"""
         )
-    finally:
-        con.unregister("_ic_map")
     return made
 
 

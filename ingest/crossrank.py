@@ -18,6 +18,7 @@ import pyarrow as pa
 from ranklens.ingest.clock import align_clocks
 from ranklens.ingest.communicators import infer_communicators
 from ranklens.ingest.config import RunOptions
+from ranklens.ingest.database import registered
 from ranklens.ingest.gloo_groups import attribute_gloo
 from ranklens.ingest.groups import attribute
 from ranklens.ingest.matching import match_collectives
@@ -128,11 +129,8 @@ def label_groups(con: duckdb.DuckDBPyConnection, options: RunOptions) -> None:
                 "why": pa.array([v[1] for v in labels.values()], pa.string()),
             }
         )
-        con.register("_labels", got)
-        try:
+        with registered(con, "_labels", got):
             con.execute(
                 "UPDATE process_groups SET parallelism = u.label, evidence = u.why "
                 "FROM _labels u WHERE process_groups.pg_name = u.pg"
             )
-        finally:
-            con.unregister("_labels")

@@ -8,7 +8,10 @@ damaged one and one of another schema version apart.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import duckdb
 from ranklens.ingest import shards
@@ -92,3 +95,14 @@ def connect_writable(db_path: str | os.PathLike[str]) -> duckdb.DuckDBPyConnecti
     if shards.is_sharded_run(db_path):
         shards.attach(con, db_path)
     return con
+
+
+@contextmanager
+def registered(con: duckdb.DuckDBPyConnection, name: str, table: Any) -> Iterator[None]:
+    """`table` (Arrow, or a polars frame) readable as `name` by the block's SQL, and gone after
+    it, whatever happens: a statement over many rows at once, not one per row."""
+    con.register(name, table)
+    try:
+        yield
+    finally:
+        con.unregister(name)

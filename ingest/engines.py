@@ -64,7 +64,6 @@ def _pool(tasks: list[Task], run_dir: str, workers: int) -> Iterator[list[RankRe
             lambda t: pool.submit(read_file, *t, run_dir), Future.result, tasks, 2 * workers
         )
     except BrokenProcessPool:
-        lifecycle.kill_workers(pool)  # else the broken pool waits for them forever
         raise WorkerDied() from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

@@ -46,11 +46,10 @@ class WorkerDied(RanklensError):
     """A worker process died (killed: out of memory, most likely); its pool is unusable."""
 
     def __init__(self, path: str | None = None) -> None:
-        what = (
-            f"{path}: a worker process died while reading it"
-            if path
-            else ("a worker process died while reading the traces")
-        )
+        if path:
+            what = f"{path}: a worker process died while reading it"
+        else:
+            what = "a worker process died while reading the traces"
         super().__init__(
             f"{what} (out of memory?)",
             "retry with fewer --workers (1 reads in-process)",

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
+from ranklens.ingest.database import registered
 from ranklens.ingest.groups import label_from_description
 
 _MIN_SCORE = 0.5  # a thread whose best group explains less than half its spans stays unknown
@@ -72,7 +73,8 @@ def attribute_gloo(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
         _append(rows, rank, None, ts, name, pg, peer, size[pg])
     if not rows["rank"]:
         return {"gloo_threads": 0, "gloo_p2p": 0}
-    con.register(
+    with registered(
+        con,
         "_gloo_map",
         pa.table(
             {
@@ -85,8 +87,7 @@ def attribute_gloo(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
                 "gs": pa.array(rows["gs"], pa.int32()),
             }
         ),
-    )
-    try:
+    ):
         con.execute(
             """UPDATE events SET pg_name = m.pg, group_size = m.gs FROM _gloo_map m
                WHERE m.tid IS NOT NULL AND events.kind = 'comm' AND events.device = -1
@@ -100,8 +101,6 @@ def attribute_gloo(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
                  AND events.pg_name IS NULL AND events.rank = m.rank
                  AND events.ts_ns = m.ts AND events.name = m.name"""
         )
-    finally:
-        con.unregister("_gloo_map")
     return {"gloo_threads": len(threads), "gloo_p2p": len(p2p)}
 
 

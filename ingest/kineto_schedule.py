@@ -76,14 +76,11 @@ def run_serial(batch: Batch) -> None:
 def run_parallel(batch: Batch) -> None:
     pool = lifecycle.worker_pool(batch.workers, "ranklens.ingest.kineto")
     try:
-        try:
-            _run_pool(batch, pool, _hash_while_starting(pool, batch))
-        except BrokenProcessPool:  # seen before any file was being read (a submit)
-            raise WorkerDied() from None
+        _run_pool(batch, pool, _hash_while_starting(pool, batch))
     except BaseException as exc:
-        if isinstance(exc, WorkerDied):
-            lifecycle.kill_workers(pool)  # else the broken pool waits for them forever
         pool.shutdown(wait=True, cancel_futures=True)  # only pieces already running finish
+        if isinstance(exc, BrokenProcessPool):  # seen outside a file (submitting a preparation)
+            raise WorkerDied() from None
         raise
     pool.shutdown(wait=True)
 

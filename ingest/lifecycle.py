@@ -149,7 +149,7 @@ def worker_pool(workers: int, preload: str) -> ProcessPoolExecutor:
     ctx = get_context("forkserver")
     boot = ["ranklens.ingest.worker_boot"] if _probe_settled else []
     ctx.set_forkserver_preload([*boot, preload])
-    return ProcessPoolExecutor(
+    return _WorkerPool(
         max_workers=workers,
         mp_context=ctx,
         initializer=die_with_parent,
@@ -157,16 +157,18 @@ def worker_pool(workers: int, preload: str) -> ProcessPoolExecutor:
     )
 
 
-def kill_workers(pool: ProcessPoolExecutor) -> None:
-    """SIGKILL the pool's live workers, once it is broken (one died: the OOM killer).
+class _WorkerPool(ProcessPoolExecutor):
+    """A pool whose shutdown, once it is broken (a worker died: the OOM killer), SIGKILLs the
+    workers left. Why: a broken pool stops them with SIGTERM, which they ignore
+    (die_with_parent), then waits for them: the ingest, and its exit, would hang forever."""
 
-    Why: a broken pool stops the workers left with SIGTERM, which they ignore (die_with_parent),
-    and then waits for them: without this, the ingest and its exit hang forever."""
-    with contextlib.suppress(RuntimeError):  # the pool's own thread changed the dict meanwhile
-        procs = list((getattr(pool, "_processes", None) or {}).values())
-        for p in procs:
-            with contextlib.suppress(OSError, ValueError):  # gone already, or closed
-                p.kill()
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if getattr(self, "_broken", False):
+            with contextlib.suppress(RuntimeError):  # the pool's thread changed the dict
+                for p in list((getattr(self, "_processes", None) or {}).values()):
+                    with contextlib.suppress(OSError, ValueError):  # gone, or closed
+                        p.kill()
+        super().shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
 def start_workers(pool: ProcessPoolExecutor, workers: int) -> None:

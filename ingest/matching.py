@@ -24,6 +24,7 @@ from collections import defaultdict
 import duckdb
 import numpy as np
 import pyarrow as pa
+from ranklens.ingest.database import registered
 from ranklens.ingest.p2p_batches import EMPTY_SQL
 
 _MAX_SHIFT = 4
@@ -183,11 +184,8 @@ def match_collectives(
     """
     con.execute("DELETE FROM collectives")
     con.execute(EMPTY_SQL)  # no batched p2p linked (p2p_batches.link_batches): none
-    con.register("_peer_hints", hints if hints is not None else _NO_HINTS)
-    try:
+    with registered(con, "_peer_hints", hints if hints is not None else _NO_HINTS):
         con.execute(_BUILD_SQL)
-    finally:
-        con.unregister("_peer_hints")
     _repair_shifts(con)
     con.execute(_INSTANCE_SQL)
     for t in ("_coll", "_inst", "_expected", "_present"):
@@ -229,7 +227,8 @@ def _repair_shifts(con: duckdb.DuckDBPyConnection) -> None:
                     upd[k].append(v)
     if not upd["pg"]:
         return
-    con.register(
+    with registered(
+        con,
         "_shifts",
         pa.table(
             {
@@ -238,15 +237,12 @@ def _repair_shifts(con: duckdb.DuckDBPyConnection) -> None:
                 "shift": pa.array(upd["shift"], pa.int64()),
             }
         ),
-    )
-    try:
+    ):
         con.execute(
             """UPDATE _coll SET seq = _coll.seq + s.shift FROM _shifts s
                WHERE _coll.pg_name = s.pg AND _coll.rank = s.rank AND NOT _coll.p2p
                  AND NOT _coll.peer_unknown"""
         )
-    finally:
-        con.unregister("_shifts")
 
 
 def _best_shift(

@@ -42,12 +42,18 @@ def check_output(out: Path, inputs: Sequence[str], *, sharded: bool = False) -> 
     check_parent(out, parent)
     if os.path.lexists(out):
         _check_existing(out, inputs, sharded)
-    if out.name.endswith((*readers.trace_suffixes(), ".gz")):  # any reader's, compressed or not
+    if _named_like_trace(out):
         raise OutputError(
             f"{out}: an output named like a trace would be read as one later",
             "name the database *.duckdb (e.g. -o run.duckdb)",
         )
     check_writable(out, parent)
+
+
+def _named_like_trace(out: Path) -> bool:
+    """A name some reader would take for a trace (compressed or not): a later ingest of the
+    directory would read the file as one."""
+    return out.name.endswith((*readers.trace_suffixes(), ".gz"))
 
 
 def check_parent(out: Path, parent: Path) -> None:
@@ -264,7 +270,7 @@ def check_result_file(out: Path, inputs: Sequence[str]) -> None:
                 f"{out}: is a DuckDB database; writing the result there would destroy it",
                 _RESULT_ELSEWHERE,
             )
-        if out.name.endswith((*readers.trace_suffixes(), ".gz")):
+        if _named_like_trace(out):
             raise OutputError(
                 f"{out}: is named like a trace; writing the result there would destroy it",
                 _RESULT_ELSEWHERE,

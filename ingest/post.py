@@ -10,6 +10,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+from ranklens.ingest.database import registered
 from ranklens.ingest.groups import label_from_description
 
 
@@ -103,11 +104,8 @@ def _insert_groups(con: duckdb.DuckDBPyConnection, groups: list[dict[str, Any]])
         cols = list(zip(*rows, strict=True))
         types = [_TEXT, _TEXT, pa.list_(pa.int32()), pa.int32(), _TEXT, _TEXT, _TEXT, _TEXT]
         table = pa.table([pa.array(c, t) for c, t in zip(cols, types, strict=True)], names=_PG)
-        con.register("_groups", table)
-        try:
+        with registered(con, "_groups", table):
             con.execute("INSERT INTO process_groups SELECT * FROM _groups")
-        finally:
-            con.unregister("_groups")
 
 
 _TEXT = pa.string()

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import duckdb
 import pyarrow as pa
 from ranklens.ingest import staging, step_assign
+from ranklens.ingest.database import registered
 from ranklens.ingest.schema import TABLE_BY_NAME
 
 PARALLEL_ROWS = 400_000  # a rank this large is written by two INSERTs at once (_insert_two)
@@ -142,11 +143,8 @@ def insert_windows(
             "source": pa.array([w.source for w in windows], pa.string()),
         }
     )
-    con.register("_steps", rows)
-    try:
+    with registered(con, "_steps", rows):
         con.execute("INSERT INTO steps SELECT * FROM _steps")
-    finally:
-        con.unregister("_steps")
 
 
 def _stream_schema(pieces: list[staging.Piece]) -> pa.Schema:
@@ -189,11 +187,8 @@ def insert_events(con: duckdb.DuckDBPyConnection, table: pa.Table | pa.RecordBat
     """Append rows (with their step) to `events`, by column name; columns a reader does not
     fill stay NULL."""
     names = ", ".join(f'"{c}"' for c in _EVENTS if c in table.schema.names)
-    con.register("_ev", table)
-    try:
+    with registered(con, "_ev", table):
         con.execute(f"INSERT INTO events ({names}) SELECT {names} FROM _ev")
-    finally:
-        con.unregister("_ev")
 
 
 _EVENTS = TABLE_BY_NAME["events"].column_names
