@@ -23,6 +23,11 @@ such.
 Metrics: step time (relative change), and as absolute change in share of the step: exposed
 communication and communication per parallelism (compare), and each PP stage's bubble
 (BUBBLE: run_compare judges the pipeline analysis' per-step table with judge_runs).
+
+A share also rises when the step gets shorter around an unchanged time: a run whose compute got
+faster would fail the gate on its communication's share. So a share's rise is a regression
+only when its own time per step grew too, by more than the threshold and that time's noise, in
+units of the baseline's step (time_growth).
 """
 
 from __future__ import annotations
@@ -40,13 +45,15 @@ from ranklens.analysis.check import Verdict
 from ranklens.analysis.thresholds import THRESHOLDS
 from ranklens.analysis.views import apply_all_views
 
+# (rank, key, step, v) per metric; a share's query also gives its time (ns) and the step's (w).
 _PER_STEP: dict[str, str] = {
     "step_time": "SELECT rank, 'all' AS key, step, window_ns::DOUBLE AS v FROM breakdown_by_step",
     "exposed_comm": """SELECT p.rank, p.parallelism AS key, p.step,
-        p.exposed_ns / nullif(w.window_ns, 0) AS v
+        p.exposed_ns / nullif(w.window_ns, 0) AS v, p.exposed_ns AS ns, w.window_ns AS w
         FROM overlap_by_parallelism p JOIN overlap_by_step w USING (rank, step)""",
-    "comm_share": """SELECT rank, parallelism AS key, step, comm_share AS v
-        FROM breakdown_by_parallelism""",
+    "comm_share": """SELECT b.rank, b.parallelism AS key, b.step, b.comm_share AS v,
+        b.comm_ns AS ns, s.window_ns AS w
+        FROM breakdown_by_parallelism b JOIN breakdown_by_step s USING (rank, step)""",
 }
 _RELATIVE = {"step_time"}
 BUBBLE = "bubble"  # the per-stage pipeline bubble, key "PP" (run_compare.bubble_changes)
@@ -72,15 +79,35 @@ class Change:
     delta: float  # relative for step_time, absolute share points otherwise
     noise: float | None  # in the units of delta
     regression: bool
+    # A share's own time per step: its change in units of the baseline's step (time_growth).
+    time_delta: float | None = None
 
 
-def per_step(con: duckdb.DuckDBPyConnection, query: str) -> dict[tuple[int, str], list[float]]:
-    """(rank, key) -> per-step values of a (rank, key, step, v) query (steps with no value
-    left out): _PER_STEP's metrics, or another one judged by the same rule (analysis.compare)."""
+Key = tuple[int, str]  # (rank, key)
+# A share's own time per step and its step's time per step (ns), in step order.
+Times = tuple[list[float], list[float]]
+
+
+def per_step(
+    con: duckdb.DuckDBPyConnection, query: str
+) -> tuple[dict[Key, list[float]], dict[Key, Times]]:
+    """(rank, key) -> per-step values of a (rank, key, step, v[, ns, w]) query (steps with no
+    value left out), and when it has ns and w, (rank, key) -> their per-step Times."""
     df = query_pl(con, query).with_columns(pl.col("v").cast(pl.Float64))
-    df = df.filter(pl.col("v").is_not_null() & pl.col("v").is_not_nan())
-    grouped = df.group_by("rank", "key").agg(pl.col("v"))
-    return {(int(r["rank"]), str(r["key"])): r["v"] for r in grouped.iter_rows(named=True)}
+    df = df.filter(pl.col("v").is_not_null() & pl.col("v").is_not_nan()).sort("step")
+    timed = "ns" in df.columns and "w" in df.columns
+    cols = [
+        pl.col("v"),
+        *([pl.col("ns").cast(pl.Float64), pl.col("w").cast(pl.Float64)] if timed else []),
+    ]
+    values: dict[Key, list[float]] = {}
+    times: dict[Key, Times] = {}
+    for r in df.group_by("rank", "key").agg(cols).iter_rows(named=True):
+        key = (int(r["rank"]), str(r["key"]))
+        values[key] = r["v"]
+        if timed:
+            times[key] = (r["ns"], r["w"])
+    return values, times
 
 
 def compare(
@@ -92,25 +119,31 @@ def compare(
     with _activity.held(cur), _activity.held(base):  # every metric reads the activity views
         steps = {m: (per_step(cur, q), per_step(base, q)) for m, q in _PER_STEP.items()}
     out: list[Change] = []
-    for metric, (s_cur, s_base) in steps.items():
-        out += judge_runs(metric, s_cur, s_base, max_regression)
+    for metric, ((s_cur, t_cur), (s_base, t_base)) in steps.items():
+        times = (t_cur, t_base) if metric not in _RELATIVE else None
+        out += judge_runs(metric, s_cur, s_base, max_regression, times)
     return out
 
 
 def judge_runs(
     metric: str,
-    s_cur: Mapping[tuple[int, str], Sequence[float]],
-    s_base: Mapping[tuple[int, str], Sequence[float]],
+    s_cur: Mapping[Key, Sequence[float]],
+    s_base: Mapping[Key, Sequence[float]],
     max_regression: float,
+    times: tuple[Mapping[Key, Times], Mapping[Key, Times]] | None = None,
 ) -> list[Change]:
-    """The verdict on every (rank, key) of one metric present in both runs (per_step's)."""
+    """The verdict on every (rank, key) of one metric present in both runs (per_step's);
+    times: a share's Times in each run, which its verdict then also rests on (time_growth)."""
     f_cur, f_base = spread_floors(s_cur), spread_floors(s_base)
     out: list[Change] = []
-    for rank, key in sorted(s_cur.keys() & s_base.keys()):
+    for pair in sorted(s_cur.keys() & s_base.keys()):
+        rank, key = pair
         floor = (f_cur.get(key, 0.0), f_base.get(key, 0.0))
-        out.append(
-            judge(metric, key, rank, s_cur[rank, key], s_base[rank, key], max_regression, floor)
-        )
+        both = None
+        if times is not None and pair in times[0] and pair in times[1]:
+            both = (times[0][pair], times[1][pair])
+        c = s_cur[pair], s_base[pair]
+        out.append(judge(metric, key, rank, *c, max_regression, floor, both))
     return out
 
 
@@ -122,9 +155,11 @@ def judge(
     base: Sequence[float],
     max_regression: float,
     floor: tuple[float, float] = (0.0, 0.0),
+    times: tuple[Times, Times] | None = None,
 ) -> Change:
     """The verdict on one pair from its per-step values (the rule in the module docstring);
-    floor: the least spread of the current and the baseline run (spread_floors)."""
+    floor: the least spread of the current and the baseline run (spread_floors); times: a
+    share's Times (current, baseline): its rise counts only if its time grew too."""
     med, med_b = statistics.median(cur), statistics.median(base)
     noise = robust_noise(cur, base, floor)
     raw = med - med_b
@@ -133,8 +168,38 @@ def judge(
         noise_rel = noise / med_b if noise is not None and med_b else None
     else:
         delta, noise_rel = raw, noise
-    reg = delta > max_regression and (noise_rel is None or delta > noise_rel)
-    return Change(metric, key, rank, float(med_b), float(med), float(delta), noise_rel, reg)
+    reg = _beyond(delta, max_regression, noise_rel)
+    growth = time_growth(*times) if times is not None else None
+    if growth is not None:
+        reg = reg and _beyond(growth[0], max_regression, growth[1])
+    return Change(
+        metric,
+        key,
+        rank,
+        float(med_b),
+        float(med),
+        float(delta),
+        noise_rel,
+        reg,
+        None if growth is None else growth[0],
+    )
+
+
+def _beyond(delta: float, limit: float, noise: float | None) -> bool:
+    return delta > limit and (noise is None or delta > noise)
+
+
+def time_growth(cur: Times, base: Times) -> tuple[float, float | None] | None:
+    """(change of the median time per step, its noise), both in units of the baseline's median
+    step; None when the baseline has no step time to measure it in."""
+    if not cur[0] or not base[0] or not base[1]:
+        return None
+    step = statistics.median(base[1])
+    if not step > 0:
+        return None
+    grew = statistics.median(cur[0]) - statistics.median(base[0])
+    noise = robust_noise(cur[0], base[0])
+    return grew / step, None if noise is None else noise / step
 
 
 def robust_sd(values: Sequence[float]) -> float | None:

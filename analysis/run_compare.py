@@ -57,18 +57,22 @@ def check_against(
 
 def bubble_changes(cur: Pipeline, base: Pipeline, limit: float) -> list[Change]:
     """Each rank's stage bubble (share of the step, median per step) judged by baseline's
-    rule; none unless both runs have a pipeline."""
-    return baseline.judge_runs(BUBBLE, cur.bubble, base.bubble, limit)
+    rule, its rise a regression only if the bubble's time grew too; none unless both runs
+    have a pipeline."""
+    times = (cur.bubble_times, base.bubble_times)
+    return baseline.judge_runs(BUBBLE, cur.bubble, base.bubble, limit, times)
 
 
 @dataclass(frozen=True)
 class Pipeline:
     """What the pipeline analysis says of one run: each rank's stage, each pipeline's heaviest
-    rank (the one with the most work in most steps) and each stage's bubble per step."""
+    rank (the one with the most work in most steps) and each stage's bubble per step (its
+    fraction, and its time beside the bubble + work it is a fraction of)."""
 
     stages: dict[int, int] = field(default_factory=dict)
     heavy: frozenset[int] = frozenset()
     bubble: dict[tuple[int, str], list[float]] = field(default_factory=dict)
+    bubble_times: dict[tuple[int, str], baseline.Times] = field(default_factory=dict)
 
 
 def pipeline_facts(con: duckdb.DuckDBPyConnection) -> Pipeline:
@@ -82,8 +86,13 @@ def pipeline_facts(con: duckdb.DuckDBPyConnection) -> Pipeline:
         pl.col("work_ns").is_not_null() & pl.col("bubble_fraction").is_not_null()
     )
     bubble: dict[tuple[int, str], list[float]] = {}
+    times: dict[tuple[int, str], baseline.Times] = {}
     for row in table.sort("rank", "step").iter_rows(named=True):
-        bubble.setdefault((int(row["rank"]), "PP"), []).append(float(row["bubble_fraction"]))
+        key = (int(row["rank"]), "PP")
+        bubble.setdefault(key, []).append(float(row["bubble_fraction"]))
+        ns, of = times.setdefault(key, ([], []))
+        ns.append(float(row["bubble_ns"]))
+        of.append(float(row["bubble_ns"] + row["work_ns"]))
     stages = {int(r): int(s) for r, s in res.table.select("rank", "stage").unique().iter_rows()}
     heavy: set[int] = set()
     sched = res.tables["schedule"]
@@ -92,7 +101,7 @@ def pipeline_facts(con: duckdb.DuckDBPyConnection) -> Pipeline:
             ranks = [int(r) for r in part["heavy_rank"].drop_nulls().to_list()]
             if ranks:
                 heavy.add(Counter(ranks).most_common(1)[0][0])
-    return Pipeline(stages, frozenset(heavy), bubble)
+    return Pipeline(stages, frozenset(heavy), bubble, times)
 
 
 @dataclass(frozen=True)

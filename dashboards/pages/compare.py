@@ -157,6 +157,10 @@ def _td(column: str, text: str, change: Change | None = None, color: str | None 
         unit = "%" if change.metric == "step_time" else " points"
         noise = "not measurable" if change.noise is None else f"±{tables.num(100 * change.noise)}"
         attrs["title"] = f"noise {noise}{unit if change.noise is not None else ''}"
+        if change.time_delta is not None:  # why a share that rose may not be a regression
+            attrs["title"] += (
+                f"; its time per step {100 * change.time_delta:+.3g}% of the base step"
+            )
     return html.Td(text, className="compare-regression" if flagged else None, style=style, **attrs)
 
 

@@ -122,3 +122,47 @@ def test_robust_sd() -> None:
     assert baseline.robust_sd([100.0]) is None
     c = _step([200.0], [100.0])
     assert c.noise is None and c.regression
+
+
+def test_a_share_that_rose_because_the_step_got_shorter_is_not_a_regression() -> None:
+    """Exposed comm 20 ms in a 100 ms step, then the same 20 ms in a 70 ms step (compute got
+    faster): its share rose 8.6 points, past a 5% limit, but its time did not grow."""
+    base_t = ([20 * MS] * 5, [100 * MS] * 5)
+    cur_t = ([20 * MS] * 5, [70 * MS] * 5)
+    share = ([20 / 70] * 5, [0.20] * 5)
+    alone = baseline.judge("exposed_comm", "DP", 0, *share, 0.05)
+    assert alone.regression and alone.delta == pytest.approx(20 / 70 - 0.20)  # the old verdict
+    c = baseline.judge("exposed_comm", "DP", 0, *share, 0.05, times=(cur_t, base_t))
+    assert not c.regression and c.time_delta == pytest.approx(0.0)
+    assert c.delta == alone.delta  # the share it reports is unchanged
+
+
+def test_a_share_whose_time_grew_is_a_regression() -> None:
+    """Exposed comm 20 -> 28 ms in a step that stayed 100 ms: +8% of the baseline's step in
+    share and in time. Growth within the time's own noise, or below the limit, is not."""
+    base_t = ([20 * MS] * 5, [100 * MS] * 5)
+    grown = ([28 * MS] * 5, [100 * MS] * 5)
+    share = ([0.28] * 5, [0.20] * 5)
+    c = baseline.judge("exposed_comm", "DP", 0, *share, 0.05, times=(grown, base_t))
+    assert c.regression and c.time_delta == pytest.approx(0.08)
+    # The step got shorter (80 ms) and the time grew 2 ms: the share rose 10 points, but the
+    # added time is 2% of the baseline's step, under the 5% limit.
+    small = ([22 * MS] * 5, [80 * MS] * 5)
+    c = baseline.judge(
+        "exposed_comm", "DP", 0, [0.275] * 5, [0.20] * 5, 0.05, times=(small, base_t)
+    )
+    assert not c.regression and c.time_delta == pytest.approx(0.02)
+    # +8 ms on the median, but the time varies ±15 ms from step to step in both runs.
+    noisy_b = ([5 * MS, 35 * MS, 20 * MS, 8 * MS, 32 * MS], [100 * MS] * 5)
+    noisy_c = ([13 * MS, 43 * MS, 28 * MS, 16 * MS, 40 * MS], [100 * MS] * 5)
+    c = baseline.judge("exposed_comm", "DP", 0, *share, 0.05, times=(noisy_c, noisy_b))
+    assert c.time_delta == pytest.approx(0.08) and not c.regression
+
+
+def test_time_growth_without_a_baseline_step_leaves_the_share_verdict() -> None:
+    assert baseline.time_growth(([1.0], [1.0]), ([1.0], [0.0])) is None
+    share = ([0.30] * 3, [0.20] * 3)
+    c = baseline.judge(
+        "comm_share", "TP", 1, *share, 0.05, times=(([1.0] * 3, [1.0] * 3), ([], []))
+    )
+    assert c.regression and c.time_delta is None
