@@ -38,6 +38,7 @@ TARGET_INFO_SYSTEM_ENV.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import shutil
 import sqlite3
@@ -116,6 +117,15 @@ def export_rep(rep: Path, tmp: Path) -> Path:
 
 
 def _read_sqlite(path: Path, shown: Path) -> list[RankPart]:
+    empty = False
+    with contextlib.suppress(OSError):  # unreadable: Report says so
+        empty = path.stat().st_size == 0
+    if empty:  # SQLite would open it as a database without tables
+        raise TraceFormatError(
+            f"{shown}: the file is empty",
+            "an interrupted `nsys export` leaves an empty file: export the report again "
+            "(nsys export --type sqlite --ts-normalize=true)",
+        )
     try:
         rep = Report(path)
     except TraceFormatError as err:

@@ -246,6 +246,11 @@ def test_damaged_and_foreign_files(tmp_path: Path) -> None:
     assert "not an Nsight Systems export" in err2.value.message and str(other) in err2.value.message
     with pytest.raises(TraceFormatError, match="no such file"):
         read_nsys(tmp_path / "missing.sqlite", 0)
+    empty = tmp_path / "empty.sqlite"  # what an interrupted `nsys export` leaves
+    empty.touch()
+    with pytest.raises(TraceFormatError) as err3:
+        read_nsys(empty, 0)
+    assert err3.value.message == f"{empty}: the file is empty" and "export" in err3.value.hint
 
 
 def test_locked_file(tmp_path: Path) -> None:
