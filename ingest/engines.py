@@ -64,7 +64,7 @@ def _pool(tasks: list[Task], run_dir: str, workers: int) -> Iterator[list[RankRe
             lambda t: pool.submit(read_file, *t, run_dir), Future.result, tasks, 2 * workers
         )
     except BrokenProcessPool:
-        raise WorkerDied() from None
+        raise WorkerDied(worked=lifecycle.worked(pool)) from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         sweep_abandoned()  # the scratch of a worker that was killed mid-task

@@ -45,12 +45,17 @@ class MixedFormatsError(RanklensError):
 class WorkerDied(RanklensError):
     """A worker process died (killed: out of memory, most likely); its pool is unusable."""
 
-    def __init__(self, path: str | None = None) -> None:
-        if path:
-            what = f"{path}: a worker process died while reading it"
-        else:
-            what = "a worker process died while reading the traces"
+    def __init__(self, path: str | None = None, worked: bool = True) -> None:
+        where = f"{path}: " if path else ""
+        retry = "retry with fewer --workers (1 reads in-process)"
+        if worked:
+            what = "while reading it" if path else "while reading the traces"
+            super().__init__(f"{where}a worker process died {what} (out of memory?)", retry)
+            return
+        # Before any task finished: most often a script that starts the ingest at import.
         super().__init__(
-            f"{what} (out of memory?)",
-            "retry with fewer --workers (1 reads in-process)",
+            f"{where}a worker process died before it finished any task",
+            "if your own script starts the ingest, start it under "
+            '`if __name__ == "__main__":` (worker processes import the main script) or use '
+            f"one worker; else it ran out of memory: {retry}",
         )

@@ -80,7 +80,7 @@ def run_parallel(batch: Batch) -> None:
     except BaseException as exc:
         pool.shutdown(wait=True, cancel_futures=True)  # only pieces already running finish
         if isinstance(exc, BrokenProcessPool):  # seen outside a file (submitting a preparation)
-            raise WorkerDied() from None
+            raise WorkerDied(worked=lifecycle.worked(pool)) from None
         raise
     pool.shutdown(wait=True)
 
@@ -135,7 +135,7 @@ def _run_pool(batch: Batch, pool: ProcessPoolExecutor, shas: dict[str, str]) -> 
                         finish_last()
                     deferred = _drain(decoding)
             except BrokenProcessPool:
-                raise WorkerDied(f) from None
+                raise WorkerDied(f, lifecycle.worked(pool)) from None
             finally:
                 if prep is not None:
                     kineto.cleanup(prep)

@@ -18,11 +18,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from multiprocessing import get_context
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, what shells report for a SIGTERM'd process
 
@@ -160,7 +161,20 @@ def worker_pool(workers: int, preload: str) -> ProcessPoolExecutor:
 class _WorkerPool(ProcessPoolExecutor):
     """A pool whose shutdown, once it is broken (a worker died: the OOM killer), SIGKILLs the
     workers left. Why: a broken pool stops them with SIGTERM, which they ignore
-    (die_with_parent), then waits for them: the ingest, and its exit, would hang forever."""
+    (die_with_parent), then waits for them: the ingest, and its exit, would hang forever.
+    `worked` (a task finished) tells a worker that died as it started, as one does when it
+    re-runs a script that starts the ingest at import (no `__main__` guard), from one killed."""
+
+    worked = False
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        fut = super().submit(fn, *args, **kwargs)
+        fut.add_done_callback(self._note)
+        return fut
+
+    def _note(self, fut: Future[Any]) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            self.worked = True
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         if getattr(self, "_broken", False):
@@ -169,6 +183,11 @@ class _WorkerPool(ProcessPoolExecutor):
                     with contextlib.suppress(OSError, ValueError):  # gone, or closed
                         p.kill()
         super().shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+def worked(pool: ProcessPoolExecutor) -> bool:
+    """Whether a task finished on `pool` (worker_pool's): WorkerDied's hint depends on it."""
+    return bool(getattr(pool, "worked", True))
 
 
 def start_workers(pool: ProcessPoolExecutor, workers: int) -> None:

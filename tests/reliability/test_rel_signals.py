@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 import zlib
@@ -191,6 +192,45 @@ def test_a_killed_worker_is_a_clear_error(
     assert not (tmp_path / "o.duckdb").exists()
     assert not _gone(children, 10), "processes outlived the ingest"
     assert _ranklens_tmp(tmpdir) == []
+
+
+_SCRIPT = """import sys
+from ranklens.ingest import load_traces
+from ranklens.ingest.errors import RanklensError
+
+
+def main() -> None:
+    try:
+        load_traces([sys.argv[1]], sys.argv[2], workers=2, storage=sys.argv[3])
+    except RanklensError as err:
+        print(err.message, err.hint, sep="\\n")
+        sys.exit(1)
+    print("ingested")
+
+
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("storage", ["file", "shards"])
+def test_a_script_without_the_main_guard_is_told_so(
+    big_run: Path, tmp_path: Path, storage: str
+) -> None:
+    """A user's script that starts the ingest at import: each worker re-runs it and dies as it
+    starts (Python's rule for new processes). The error said "out of memory?"; it now names the
+    guard. The script runs as its own main module, as a user runs it."""
+    script = tmp_path / "mine.py"
+    script.write_text(_SCRIPT + "main()\n")
+    args = [sys.executable, str(script), str(big_run), str(tmp_path / "o.duckdb"), storage]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1, (done.stdout, done.stderr[-2000:])
+    message, hint = done.stdout.strip().splitlines()[-2:]  # the workers' own lines come first
+    assert message == "a worker process died before it finished any task", done.stdout
+    assert 'under `if __name__ == "__main__":`' in hint and "one worker" in hint
+    assert not (tmp_path / "o.duckdb").exists()
+    script.write_text(_SCRIPT + 'if __name__ == "__main__":\n    main()\n')  # guarded: it works
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "ingested", done.stderr[-2000:]
 
 
 def _parent(pid: int) -> int:
