@@ -10,12 +10,14 @@ its world size) are kept and reported as warnings, stored in `meta` so that ever
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 from ranklens.ingest.errors import RankError, TraceFormatError
+
+if TYPE_CHECKING:  # workers import this module (NS_LIMIT, check_times): not duckdb
+    import duckdb
 
 # Times are int64 ns; starts, durations and ends stay inside +-2^62 (~146 years) so that adding
 # a clock offset (|offset| < 2^61, config.read_offsets) can never overflow.
