@@ -10,6 +10,7 @@ from typing import Any
 import polars as pl
 from ranklens.analysis._base import Finding
 from ranklens.analysis.report import Report, focus_ranks
+from ranklens.cli.tables import print_table
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -201,19 +202,13 @@ def render_table(report: Report, console: Console) -> None:
             "exposed and most idle; all in `--format json` or `ranklens sql`)"
         )
         summary = summary.filter(pl.col("rank").is_in(focus))
-    rt = Table(title=title, title_justify="left")
-    for _, label, _ in _RANK_VIEW:
-        rt.add_column(label, justify="right")
-    for row in summary.iter_rows(named=True):
-        rt.add_row(*[_fmt(row.get(c), how, int(row["steps"])) for c, _, how in _RANK_VIEW])
-    console.print(rt)
+    rows = [
+        [_fmt(row.get(c), how, int(row["steps"])) for c, _, how in _RANK_VIEW]
+        for row in summary.iter_rows(named=True)
+    ]
+    print_table(console, title, [label for _, label, _ in _RANK_VIEW], rows)
     par = report.results["overlap"].tables["by_parallelism"]
     if not par.is_empty():
-        pt = Table(
-            title="Communication per parallelism (ms, summed over steps)", title_justify="left"
-        )
-        for col in ("rank", "parallelism", "comm", "hidden", "exposed", "overlap"):
-            pt.add_column(col, justify="right")
         if focus is not None:
             par = par.filter(pl.col("rank").is_in(focus))
         agg = (
@@ -221,28 +216,20 @@ def render_table(report: Report, console: Console) -> None:
             .agg(pl.col("comm_ns", "hidden_ns", "exposed_ns").sum())
             .sort("rank", "parallelism")
         )
+        rows = []
         for r in agg.iter_rows(named=True):
             ratio = r["hidden_ns"] / r["comm_ns"] if r["comm_ns"] else None
-            pt.add_row(
-                str(r["rank"]),
-                r["parallelism"],
-                _fmt(r["comm_ns"], "ms"),
-                _fmt(r["hidden_ns"], "ms"),
-                _fmt(r["exposed_ns"], "ms"),
-                _fmt(ratio, "pct"),
-            )
-        console.print(pt)
+            ms = [_fmt(r[c], "ms") for c in ("comm_ns", "hidden_ns", "exposed_ns")]
+            rows.append([str(r["rank"]), r["parallelism"], *ms, _fmt(ratio, "pct")])
+        labels = ["rank", "parallelism", "comm", "hidden", "exposed", "overlap"]
+        title = "Communication per parallelism (ms, summed over steps)"
+        print_table(console, title, labels, rows, keys=2)
     notes, stage_rows = pipeline_lines(report, focus)
     if stage_rows:
         title = "Pipeline bubbles per stage (ms per step)"
         if focus is not None:
             title += ": the stages of the ranks shown above"
-        st = Table(title=title, title_justify="left")
-        for _, label, _ in _STAGE_VIEW:
-            st.add_column(label, justify="right")
-        for cells in stage_rows:
-            st.add_row(*cells)
-        console.print(st)
+        print_table(console, title, [label for _, label, _ in _STAGE_VIEW], stage_rows, keys=3)
         for note in notes:
             console.print(f"  {note}", highlight=False, markup=False)
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from ranklens.cli.main import app
 from ranklens.cli.render import cross_rank_lines, devices_text, steps_text
+from ranklens.ingest import load_traces
 from typer.testing import CliRunner
 
 runner = CliRunner()
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
 
 def _alignment(res: int | None, methods: list[str]) -> dict[str, object]:
@@ -45,3 +48,32 @@ def test_one_rank_export_report(tmp_path: Path, shared_traces: Path) -> None:
     text = runner.invoke(app, ["report", str(db)], env={"COLUMNS": "200"}).output
     assert "no residual measured (no shared collective)" in text
     assert "residual up to -" not in text
+
+
+def _table_numbers(text: str) -> list[str]:
+    """The values in the report's table rows (lines between │ borders), in order."""
+    rows = [ln for ln in text.splitlines() if ln.startswith("│")]
+    return sorted(c.strip() for ln in rows for c in ln.strip("│").split("│"))
+
+
+@pytest.fixture(scope="module")
+def megatron(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("narrow") / "m.duckdb"
+    load_traces([str(SAMPLES / "megatron_tp2_pp2_dp2" / "raw")], db)
+    return db
+
+
+@pytest.mark.parametrize("columns", [80, 50])
+def test_no_number_is_cut_in_a_narrow_report(megatron: Path, columns: int) -> None:
+    """Piped output (a CI log) is 80 columns: the pipeline table printed its bubbles as
+    "67.5…". Now its columns go to a second table: every value of the wide report is there,
+    whole, and no line is wider than the console."""
+    wide = runner.invoke(app, ["report", str(megatron)], env={"COLUMNS": "200"}).output
+    narrow = runner.invoke(app, ["report", str(megatron)], env={"COLUMNS": str(columns)}).output
+    assert "(continued)" in narrow and "(continued)" not in wide
+    tables = [ln for ln in narrow.splitlines() if ln[:1] in "┏┃┡│└"]
+    assert tables and max(len(ln) for ln in tables) <= columns
+    assert not any("…" in ln for ln in tables)
+    values = set(_table_numbers(wide)) - {""}
+    assert values and values <= set(_table_numbers(narrow))
+    assert any(v.endswith("%") for v in values) and any("." in v for v in values)
