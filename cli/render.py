@@ -23,7 +23,7 @@ MAX_RANK_ROWS = 32  # above this, per-rank tables show the ranks findings name a
 _RANK_VIEW: list[tuple[str, str, str]] = [
     ("rank", "rank", "int"),
     ("steps", "steps", "int"),
-    ("window_ns", "step ms", "ms_per_step"),
+    ("window_ns", "ms/step", "ms_per_step"),
     ("compute_share", "compute", "pct"),
     ("comm_share", "comm", "pct"),
     ("exposed_share", "exposed comm", "pct"),
@@ -195,7 +195,7 @@ def render_table(report: Report, console: Console) -> None:
     console.print()
     summary = rank_summary(report)
     focus = focus_ranks(report, MAX_RANK_ROWS)
-    title = "Per rank (totals over steps)"
+    title = "Per rank (mean step; shares of all its steps)"
     if focus is not None:
         title += (
             f": {len(focus)} of {summary.height} ranks (those the findings name, then the most "
