@@ -22,6 +22,7 @@ from ranklens.ingest.database import registered
 from ranklens.ingest.gloo_groups import attribute_gloo
 from ranklens.ingest.groups import attribute
 from ranklens.ingest.matching import match_collectives
+from ranklens.ingest.p2p_batch_peers import infer_batched
 from ranklens.ingest.p2p_batches import link_batches
 from ranklens.ingest.p2p_infer import (
     candidate_pairs,
@@ -78,7 +79,7 @@ def match_align_label(con: duckdb.DuckDBPyConnection, opts: RunOptions) -> dict[
         statuses = match_collectives(con, hints)
         if has_unknown(con):
             align_clocks(con, opts, candidate_pairs(con))
-            hints = pa.concat_tables([hints, infer_peers(con)])
+            hints = pa.concat_tables([hints, infer_batched(con), infer_peers(con)])
             statuses = match_collectives(con, hints)
         facts["p2p_peers_inferred"] = str(hints.num_rows)
     for status, n in statuses.items():

@@ -33,8 +33,16 @@ _NO_HINTS = pa.table(
         "rank": pa.array([], pa.int32()),
         "ts_ns": pa.array([], pa.int64()),
         "stream": pa.array([], pa.int64()),
+        "op": pa.array([], pa.string()),
+        "k": pa.array([], pa.int64()),
+        "batched": pa.array([], pa.bool_()),
         "peer": pa.array([], pa.int32()),
     }
+)
+# An op's place among the ops of its kind that share its kernel (a batch's sends, by size):
+# what tells them apart in a peer hint. p2p_infer computes it the same way on `collectives`.
+BATCH_ORDINAL_SQL = (
+    "row_number() OVER (PARTITION BY rank, ts_ns, stream, op ORDER BY coalesce(bytes, nelems)) - 1"
 )
 
 # Bytes per element for the dtype spellings of Kineto args and profiler `Input type`.
@@ -64,18 +72,23 @@ WITH ev AS (
         SELECT rank, pg_name, coll_op, name, peer, group_size, dtype, bytes, device, stream,
                step, ts_ns, dur_ns, seq, in_nelems, out_nelems, shapes, true
         FROM _p2p_batch_ops) e
-), hinted AS (
-  SELECT ev.*, h.peer AS hint_peer FROM ev LEFT JOIN _peer_hints h
-    ON h.rank = ev.rank AND h.ts_ns = ev.ts_ns AND h.stream IS NOT DISTINCT FROM ev.stream
-   AND NOT ev.batched  -- the ops of one batch share the kernel's (rank, start, stream)
 ), j AS (
   SELECT ev.*, g.ranks AS g_ranks, coalesce(g.size, ev.group_size) AS n,
          coalesce(ev.arg_nelems, CASE WHEN ev.shapes IS NOT NULL THEN CAST(list_max(
            list_transform(try_cast(try_cast(ev.shapes AS JSON) AS BIGINT[][]),
                           lambda x: list_aggregate(x, 'product'))) AS BIGINT) END) AS nelems
-  FROM hinted ev LEFT JOIN process_groups g USING (pg_name)
+  FROM ev LEFT JOIN process_groups g USING (pg_name)
+), sized AS (
+  SELECT j.*, coalesce(ev_bytes, nelems * ({_ELEM_BYTES_SQL})) AS bytes FROM j
+), hinted AS (
+  -- The ops of one batch share the kernel's (rank, start, stream): op and k tell them apart,
+  -- and only the batch rule (p2p_batch_peers) names a batch's ops' peers.
+  SELECT ev.*, h.peer AS hint_peer
+  FROM (SELECT *, {BATCH_ORDINAL_SQL} AS k FROM sized) ev LEFT JOIN _peer_hints h
+    ON h.rank = ev.rank AND h.ts_ns = ev.ts_ns AND h.stream IS NOT DISTINCT FROM ev.stream
+   AND h.op = ev.op AND h.k = ev.k AND h.batched = ev.batched
 ), p AS (
-  SELECT j.*,
+  SELECT hinted.*,
          coalesce(peer, hint_peer,
                   CASE WHEN op IN ('send', 'recv') AND len(g_ranks) = 2
                        THEN list_filter(g_ranks, lambda x: x <> rank)[1] END) AS peer2,
@@ -84,11 +97,11 @@ WITH ev AS (
          END AS peer_source,
          op IN ('send', 'recv') AND coalesce(peer, hint_peer) IS NULL
            AND coalesce(len(g_ranks), n) > 2 AS peer_unknown
-  FROM j
+  FROM hinted
 ), q AS (
   SELECT rank, pg_name, op, peer2 AS peer, peer_source, peer_unknown,
          CASE WHEN op IN ('send', 'recv') AND peer2 IS NOT NULL THEN 2 ELSE n END AS group_size,
-         nelems, dtype, coalesce(ev_bytes, nelems * ({_ELEM_BYTES_SQL})) AS bytes,
+         nelems, dtype, bytes,
          device, stream, name, step, ts_ns, end_ns, ts_ns AS arrive_ns, given_seq,
          (op IN ('send', 'recv') AND peer2 IS NOT NULL) AS p2p,
          -- sender and receiver of a p2p op (-1 for collectives, so keys compare with =)

@@ -18,12 +18,15 @@ when the schedule is interleaved), so each op has at most two candidate peers.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
+from ranklens.ingest.matching import BATCH_ORDINAL_SQL
 
 _TOL_NS = 10_000  # clock residual and NCCL jitter between a send's end and its recv's end
 _MAX_TOL_NS = 1_000_000
@@ -31,14 +34,17 @@ _MAX_TOL_NS = 1_000_000
 # Unknown-peer ops with their position in the group's (stage) order, 1-based. The last stage
 # and the first talk (interleaved schedules) only when both are in the run: with a stage
 # missing, its neighbours' messages to it must stay unpaired, not go round the ring.
-_UNKNOWN = """
+_UNKNOWN = f"""
 CREATE OR REPLACE TEMP TABLE _p2p_u AS
-SELECT row_number() OVER (ORDER BY c.rank, c.ts_ns, c.stream, c.op) - 1 AS id,
-       c.rank, c.op, c.step, c.ts_ns, c.stream, c.pg_name, c.end_ns,
+SELECT row_number() OVER (ORDER BY c.rank, c.ts_ns, c.stream, c.op, c.k) - 1 AS id,
+       c.rank, c.op, c.k, c.batched, c.step, c.ts_ns, c.stream, c.pg_name, c.end_ns,
        c.end_ns + coalesce(k.clock_offset_ns, 0) AS aend,
        coalesce(c.bytes, c.nelems) AS size, list_position(g.ranks, c.rank) AS pos,
        len(g.ranks) AS n, list_has_all((SELECT list(rank) FROM ranks), g.ranks) AS complete
-FROM collectives c JOIN process_groups g USING (pg_name) LEFT JOIN ranks k USING (rank)
+FROM (SELECT *, {BATCH_ORDINAL_SQL} AS k,
+             (rank, ts_ns, stream) IN (SELECT (rank, ts_ns, stream) FROM _p2p_batch_ops) AS batched
+      FROM collectives) c
+JOIN process_groups g USING (pg_name) LEFT JOIN ranks k USING (rank)
 WHERE c.status = 'peer_unknown' AND list_position(g.ranks, c.rank) IS NOT NULL
 """
 
@@ -109,10 +115,11 @@ def infer_by_stream(con: duckdb.DuckDBPyConnection) -> pa.Table:
     for _score, _n, x, y in sorted(cands, key=lambda t: (-t[0], -t[1], t[2], t[3])):
         if x not in peer_of and y not in peer_of:
             peer_of[x], peer_of[y] = int(y[0]), int(x[0])
-    ops = con.execute("SELECT rank, stream, ts_ns FROM _p2p_u").fetchall()
+    ops = con.execute("SELECT rank, stream, ts_ns, op, k, batched FROM _p2p_u").fetchall()
     con.execute("DROP TABLE IF EXISTS _p2p_u")
-    rows = [(r, t, s, peer_of[(r, s)]) for r, s, t in ops if (r, s) in peer_of]
-    return _hint_table(rows)
+    # a batch's stream carries its ops to both neighbours: p2p_batch_peers names their peers
+    rows = [(r, t, s, o, k, b, peer_of[r, s]) for r, s, t, o, k, b in ops if (r, s) in peer_of]
+    return hint_table([row for row in rows if not row[5]])
 
 
 def has_unknown(con: duckdb.DuckDBPyConnection) -> bool:
@@ -124,9 +131,8 @@ def has_unknown(con: duckdb.DuckDBPyConnection) -> bool:
 def candidate_pairs(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """Every send x recv of adjacent stages in a step, raw ends (`a`, `ea`, `b`, `eb`): what
     the clock links read before peers are known (the true pairs pile up at one offset)."""
-    con.execute(_UNKNOWN)
-    df = pl.from_arrow(con.sql(f"SELECT a, ea, b, eb FROM ({_ADJACENT})").to_arrow_table())
-    con.execute("DROP TABLE IF EXISTS _p2p_u")
+    with unknown_ops(con):
+        df = pl.from_arrow(con.sql(f"SELECT a, ea, b, eb FROM ({_ADJACENT})").to_arrow_table())
     assert isinstance(df, pl.DataFrame)
     return df
 
@@ -157,23 +163,39 @@ def infer_peers(con: duckdb.DuckDBPyConnection) -> pa.Table:
         used_s.add(sid)
         used_r.add(rid)
         pairs.append((int(sid), int(rid)))
-    ops = con.execute("SELECT id, rank, ts_ns, stream FROM _p2p_u ORDER BY id").fetchall()
+    ops = con.execute("SELECT id, rank, ts_ns, stream, op, k, batched FROM _p2p_u").fetchall()
     con.execute("DROP TABLE IF EXISTS _p2p_u")
-    info = {int(i): (int(r), int(t), s) for i, r, t, s in ops}
+    info = {int(i): (int(r), int(t), s, o, int(k), b) for i, r, t, s, o, k, b in ops}
     rows = []
     for sid, rid in pairs:
-        (sr, st, ss), (rr, rt, rs) = info[sid], info[rid]
-        rows += [(sr, st, ss, rr), (rr, rt, rs, sr)]
-    return _hint_table(rows)
+        send, recv = info[sid], info[rid]
+        if not (send[5] or recv[5]):  # a batch's nearest end is often another pair's meeting
+            rows += [(*send, recv[0]), (*recv, send[0])]
+    return hint_table(rows)
 
 
-def _hint_table(rows: list[tuple[Any, Any, Any, Any]]) -> pa.Table:
-    cols = list(zip(*rows, strict=True)) if rows else [(), (), (), ()]
+@contextmanager
+def unknown_ops(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """`_p2p_u`, the unknown-peer ops with their stage and aligned end, while the block runs."""
+    con.execute(_UNKNOWN)
+    try:
+        yield
+    finally:
+        con.execute("DROP TABLE IF EXISTS _p2p_u")
+
+
+def hint_table(rows: list[tuple[Any, ...]]) -> pa.Table:
+    """matching's `_peer_hints`: (rank, ts_ns, stream, op, k, batched) names an op, `peer` its
+    peer; a batch's ops (batched) take only hints the batch rule gave."""
+    cols = list(zip(*rows, strict=True)) if rows else [()] * 7
     return pa.table(
         {
             "rank": pa.array(cols[0], pa.int32()),
             "ts_ns": pa.array(cols[1], pa.int64()),
             "stream": pa.array(cols[2], pa.int64()),
-            "peer": pa.array(cols[3], pa.int32()),
+            "op": pa.array(cols[3], pa.string()),
+            "k": pa.array(cols[4], pa.int64()),
+            "batched": pa.array(cols[5], pa.bool_()),
+            "peer": pa.array(cols[6], pa.int32()),
         }
     )

@@ -186,8 +186,8 @@ TABLES: tuple[Table, ...] = (
                 "peer_source",
                 "VARCHAR",
                 "Where a send/recv's peer came from: trace (Src/Dst Rank, gloo args), "
-                "inferred (the adjacent stage whose p2p stream answers it, else by size and "
-                "aligned end time), group_of_two.",
+                "inferred (the adjacent stage whose p2p stream answers it; a batch's ops by "
+                "the rendezvous rule; else by size and aligned end time), group_of_two.",
             ),
         ),
     ),

@@ -157,7 +157,12 @@ def _items(job: GpuJob, rank: int, step: int) -> list[Item]:
     prev: tuple[str, int, int] | None = None
     for i, (ph, c, mb) in enumerate(order):
         ops = [o for o in (send_of(*prev) if prev else None, recv_of(ph, c, mb)) if o]
-        if ops:
+        if job.batched and not eager and len(ops) == 2 and ops[0].tag[0] == ops[1].tag[0]:
+            # Megatron's 1F1B batches one call's ops: send_forward and the next recv_forward
+            # (warm-up), or send_backward and recv_backward (cool-down), are two calls, two
+            # kernels; F then B (or B then F) is one call with one neighbour.
+            items += [P2P([o], True) for o in ops]
+        elif ops:
             items.append(P2P(_parity(ops, rank, neighbour(s + 1), s), job.batched))
         if i == last_b and job.dp > 1 and job.dp_overlap:
             items.append(Coll(dp_key, job.dp, job.dp_us, {"op": "reduce_scatter"}, True))

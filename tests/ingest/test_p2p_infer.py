@@ -30,6 +30,17 @@ JOBS: dict[str, GpuJob] = {
     "batched_interleaved": GpuJob(
         tp=2, pp=4, m=8, v=2, schedule="interleaved", batched=True, ranks_per_host=2
     ),
+    # torch < 2.5 with Megatron's batch_p2p_comm: batches without peers (p2p_batch_peers)
+    "batched_no_peers_tp2_dp2_pp4": GpuJob(tp=2, dp=2, pp=4, m=8, batched=True, peers=False),
+    "batched_no_peers_pp8_host_each": GpuJob(
+        pp=8, m=16, kernels_per_block=3, steps=1, batched=True, peers=False, ranks_per_host=1
+    ),
+    "batched_no_peers_straggler": GpuJob(
+        tp=2, dp=2, pp=4, m=8, rank_factor={9: 1.3}, batched=True, peers=False, ranks_per_host=4
+    ),
+    "batched_no_peers_pp3_host_each": GpuJob(
+        pp=3, m=6, batched=True, peers=False, ranks_per_host=1
+    ),
 }
 
 
