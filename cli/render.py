@@ -132,6 +132,13 @@ def cross_rank_lines(facts: dict[str, Any], markup: bool = True) -> list[str]:
         share = m["matched_share"]
         pct = "-" if share is None else f"{100 * share:.1f}%"
         out.append(f"collectives: {m['matched']:,} of {m['comm_ops']:,} comm ops matched ({pct})")
+        unknown = m.get("by_status", {}).get("peer_unknown", 0)
+        if unknown:
+            out.append(
+                f"{y}send/recv without a peer:{e} {unknown:,} (the trace names none and none "
+                "could be inferred): the pipeline reads no schedule from them, and a rank "
+                "waiting on one can look late to the straggler analysis"
+            )
     st = facts.get("stragglers")
     if st:
         parts = [

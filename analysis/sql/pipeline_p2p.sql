@@ -4,7 +4,9 @@
 -- p2p ops of PP ranks in steps with no phase annotation, with the side they talk to.
 -- gloo: the issue op (peer in Concrete Inputs), a recv extended to the end of its wait span.
 -- GPU: PP p2p ops (`collectives`: a batched kernel gives one row per op); the side is the
--- peer, else the neighbour stage whose p2p kernels overlap this one most on the job clock.
+-- peer's. An op without one (peer_unknown) has no side: guessing it (the neighbour whose p2p
+-- kernels overlap it most) read an interleaved job without peers as 1F1B with m=6, and in
+-- lockstep both neighbours overlap alike.
 CREATE OR REPLACE TEMP VIEW _pipeline_ops AS
 WITH todo AS MATERIALIZED (
   SELECT st.*, w.step, w.start_ns, w.end_ns FROM pipeline_stages st JOIN steps w USING (rank)
@@ -28,8 +30,6 @@ WITH todo AS MATERIALIZED (
 ), gk AS MATERIALIZED (
   -- from `collectives`: one row per op (a batched kernel's ops each), peers inferred or given
   SELECT c.rank, c.step, c.ts_ns AS s, c.end_ns AS e, c.op AS coll_op, c.peer,
-         c.ts_ns + coalesce(r.clock_offset_ns, 0) AS a_s,
-         c.end_ns + coalesce(r.clock_offset_ns, 0) AS a_e,
          st.pp_group, st.stage, st.prev_rank, st.next_rank, st.prev_ring, st.next_ring,
          (c.rank, c.step) IN (SELECT (rank, step) FROM todo) AS wanted
   FROM collectives c JOIN ranks r USING (rank) JOIN pipeline_stages st USING (rank)
@@ -38,22 +38,14 @@ WITH todo AS MATERIALIZED (
     AND c.op IN ('send', 'recv', 'send_recv')
     AND (c.pg_name IS NULL OR g.pg_name IS NULL OR g.parallelism = 'PP' OR g.ranks = st.pp_ranks)
     AND EXISTS (SELECT 1 FROM todo)
-), side AS (
-  SELECT a.rank, a.s,
-         arg_max(CASE WHEN b.stage < a.stage THEN 'prev' ELSE 'next' END,
-                 least(a.a_e, b.a_e) - greatest(a.a_s, b.a_s)) AS dir
-  FROM gk a JOIN gk b ON a.pp_group = b.pp_group AND a.step = b.step
-    AND abs(a.stage - b.stage) = 1 AND b.a_s < a.a_e AND b.a_e > a.a_s
-  WHERE a.wanted
-  GROUP BY a.rank, a.s
 ), gpu AS (
   SELECT gk.rank, gk.step, gk.s, gk.e, gk.coll_op IN ('send', 'send_recv') AS has_send,
          gk.coll_op IN ('recv', 'send_recv') AS has_recv,
-         coalesce(CASE WHEN gk.peer = gk.prev_rank THEN 'prev'
-                       WHEN gk.peer = gk.next_rank THEN 'next'
-                       WHEN gk.peer = gk.next_ring THEN 'next'
-                       WHEN gk.peer = gk.prev_ring THEN 'prev' END, side.dir) AS dir
-  FROM gk LEFT JOIN side ON side.rank = gk.rank AND side.s = gk.s
+         CASE WHEN gk.peer = gk.prev_rank THEN 'prev'
+              WHEN gk.peer = gk.next_rank THEN 'next'
+              WHEN gk.peer = gk.next_ring THEN 'next'
+              WHEN gk.peer = gk.prev_ring THEN 'prev' END AS dir
+  FROM gk
   WHERE gk.wanted
 )
 SELECT rank, step, s, e, has_send, has_recv, dir, true AS host FROM gl

@@ -139,3 +139,26 @@ def test_the_report_reads_as_with_peers(tmp_path: Path) -> None:
     assert text[False] == text[True]
     assert "m=8 micro-batches" in text[True] and "clock alignment: collectives, p2p" in text[True]
     assert "holding the job back: rank 5" in text[True]
+
+
+def test_unknown_peers_are_said_and_no_schedule_is_guessed(tmp_path: Path) -> None:
+    """An interleaved job without peers (the rule declines it): the pipeline analysis guessed
+    each op's side from kernel overlap and reported "1f1b with p=4 stages and m=6" with a
+    stage imbalance. Now no schedule is read from ops without a side, and the report says
+    how many send/recv have no peer."""
+    job = GpuJob(
+        tp=2, pp=4, m=8, v=2, schedule="interleaved", batched=True, peers=False, ranks_per_host=2
+    )
+    write_job(job, tmp_path / "run")
+    db = tmp_path / "run.duckdb"
+    load_traces([tmp_path / "run"], db, workers=1)
+    out = CliRunner().invoke(app, ["report", str(db)], env={"COLUMNS": "200"}).output
+    unknown = (
+        duckdb.connect(str(db), read_only=True)
+        .execute("SELECT count(*) FROM collectives WHERE status = 'peer_unknown'")
+        .fetchone()
+    )
+    assert unknown is not None and unknown[0] > 0
+    assert f"send/recv without a peer: {unknown[0]:,}" in out
+    assert "PIPELINE_BUBBLE_SCHEDULE" not in out and "1f1b with" not in out
+    assert "PIPELINE_STAGE_IMBALANCE" not in out
