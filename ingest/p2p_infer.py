@@ -42,7 +42,8 @@ SELECT row_number() OVER (ORDER BY c.rank, c.ts_ns, c.stream, c.op, c.k) - 1 AS 
        coalesce(c.bytes, c.nelems) AS size, list_position(g.ranks, c.rank) AS pos,
        len(g.ranks) AS n, list_has_all((SELECT list(rank) FROM ranks), g.ranks) AS complete
 FROM (SELECT *, {BATCH_ORDINAL_SQL} AS k,
-             (rank, ts_ns, stream) IN (SELECT (rank, ts_ns, stream) FROM _p2p_batch_ops) AS batched
+             coalesce((rank, ts_ns, stream) IN (SELECT (rank, ts_ns, stream)
+                                                FROM _p2p_batch_ops), false) AS batched
       FROM collectives) c
 JOIN process_groups g USING (pg_name) LEFT JOIN ranks k USING (rank)
 WHERE c.status = 'peer_unknown' AND list_position(g.ranks, c.rank) IS NOT NULL
