@@ -136,8 +136,8 @@ def cross_rank_lines(facts: dict[str, Any], markup: bool = True) -> list[str]:
         if unknown:
             out.append(
                 f"{y}send/recv without a peer:{e} {unknown:,} (the trace names none and none "
-                "could be inferred): the pipeline reads no schedule from them, and a rank "
-                "waiting on one can look late to the straggler analysis"
+                "could be inferred): the pipeline reads no schedule from them and the "
+                "critical path no dependency; stragglers count only when they ended"
             )
     st = facts.get("stragglers")
     if st:

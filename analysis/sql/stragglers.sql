@@ -13,14 +13,19 @@ FROM ranks;
 -- ref = when the rank was last released (job clock): the end of its previous communication in
 -- the step (NULL for its first). A rank that arrives late only because it was released late
 -- (a pipeline recv that ended late) made no delay of its own and does not cause the others'
--- wait. Step starts are no release point: ranks start steps at their own pace.
+-- wait. Step starts are no release point: ranks start steps at their own pace. A send/recv
+-- whose peer is unknown still releases the rank when it ends (without it, a stage waiting on
+-- such a recv was named a straggler of its TP group).
 CREATE OR REPLACE TEMP VIEW _stragglers_rows AS
-SELECT c.instance_id, c.rank, c.pg_name, c.op, c.seq, c.step, c.device, c.ts_ns, c.end_ns,
-       c.arrive_ns, c.arrive_ns + r.off AS arr, c.end_ns + r.off AS fin, r.dom, r.unc,
-       r.off + max(c.end_ns) OVER (PARTITION BY c.rank, c.step ORDER BY c.arrive_ns, c.end_ns
-                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS ref
-FROM collectives c JOIN _stragglers_ranks r USING (rank)
-WHERE c.status = 'matched' AND c.instance_id IS NOT NULL;
+SELECT * EXCLUDE (status) FROM (
+  SELECT c.instance_id, c.rank, c.pg_name, c.op, c.seq, c.step, c.device, c.ts_ns, c.end_ns,
+         c.arrive_ns, c.arrive_ns + r.off AS arr, c.end_ns + r.off AS fin, r.dom, r.unc,
+         r.off + max(c.end_ns) OVER (PARTITION BY c.rank, c.step ORDER BY c.arrive_ns, c.end_ns
+                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS ref,
+         c.status
+  FROM collectives c JOIN _stragglers_ranks r USING (rank)
+  WHERE (c.status = 'matched' AND c.instance_id IS NOT NULL) OR c.status = 'peer_unknown')
+WHERE status = 'matched';
 
 -- Algorithm: per instance, the last arrival; each rank waits from its own arrival to it, and
 -- transfers from it to its end. The late rank is charged the others' mean wait ("held back"),

@@ -144,8 +144,9 @@ def test_the_report_reads_as_with_peers(tmp_path: Path) -> None:
 def test_unknown_peers_are_said_and_no_schedule_is_guessed(tmp_path: Path) -> None:
     """An interleaved job without peers (the rule declines it): the pipeline analysis guessed
     each op's side from kernel overlap and reported "1f1b with p=4 stages and m=6" with a
-    stage imbalance. Now no schedule is read from ops without a side, and the report says
-    how many send/recv have no peer."""
+    stage imbalance, and the straggler analysis named rank 0. Now no schedule is read from ops
+    without a side, their end still releases the rank, and the report says how many send/recv
+    have no peer."""
     job = GpuJob(
         tp=2, pp=4, m=8, v=2, schedule="interleaved", batched=True, peers=False, ranks_per_host=2
     )
@@ -162,3 +163,6 @@ def test_unknown_peers_are_said_and_no_schedule_is_guessed(tmp_path: Path) -> No
     assert f"send/recv without a peer: {unknown[0]:,}" in out
     assert "PIPELINE_BUBBLE_SCHEDULE" not in out and "1f1b with" not in out
     assert "PIPELINE_STAGE_IMBALANCE" not in out
+    # A stage waiting on such a recv is released when it ends: no straggler (the same job with
+    # peers has none; rank 0 was named by 2.1 ms/step).
+    assert "stragglers: none" in out and "STRAGGLER_RANK" not in out
