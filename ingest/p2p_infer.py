@@ -95,13 +95,14 @@ ORDER BY adj.ra, adj.sa, adj.rb, adj.sb, d
 
 
 def infer_by_stream(con: duckdb.DuckDBPyConnection) -> pa.Table:
-    """Class-level peers (see the module docstring, 1.): (rank, ts_ns, stream, peer) rows.
+    """Class-level peers (see the module docstring, 1.): hint_table rows.
 
     Class pairs are taken best explained first, each class once, so a class whose partner is
     weakly explained (buffered sends end before their recvs) still gets the one left to it.
     """
-    con.execute(_UNKNOWN)
-    diffs = pl.from_arrow(con.sql(_CLASS_DIFFS).to_arrow_table())
+    with unknown_ops(con):
+        diffs = pl.from_arrow(con.sql(_CLASS_DIFFS).to_arrow_table())
+        ops = con.execute("SELECT rank, stream, ts_ns, op, k, batched FROM _p2p_u").fetchall()
     assert isinstance(diffs, pl.DataFrame)
     cands: list[tuple[float, int, Any, Any]] = []
     for key, grp in diffs.group_by(["ra", "sa", "rb", "sb"], maintain_order=True):
@@ -116,11 +117,11 @@ def infer_by_stream(con: duckdb.DuckDBPyConnection) -> pa.Table:
     for _score, _n, x, y in sorted(cands, key=lambda t: (-t[0], -t[1], t[2], t[3])):
         if x not in peer_of and y not in peer_of:
             peer_of[x], peer_of[y] = int(y[0]), int(x[0])
-    ops = con.execute("SELECT rank, stream, ts_ns, op, k, batched FROM _p2p_u").fetchall()
-    con.execute("DROP TABLE IF EXISTS _p2p_u")
     # a batch's stream carries its ops to both neighbours: p2p_batch_peers names their peers
-    rows = [(r, t, s, o, k, b, peer_of[r, s]) for r, s, t, o, k, b in ops if (r, s) in peer_of]
-    return hint_table([row for row in rows if not row[5]])
+    rows = [
+        (r, t, s, o, k, b, peer_of[r, s]) for r, s, t, o, k, b in ops if (r, s) in peer_of and not b
+    ]
+    return hint_table(rows)
 
 
 def has_unknown(con: duckdb.DuckDBPyConnection) -> bool:
@@ -139,22 +140,14 @@ def candidate_pairs(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
 
 
 def infer_peers(con: duckdb.DuckDBPyConnection) -> pa.Table:
-    """Peers for unknown-peer ops on the aligned clock: (rank, ts_ns, stream, peer) rows."""
-    con.execute(_UNKNOWN)
+    """Peers for unknown-peer ops on the aligned clock: hint_table rows."""
     worst = con.execute("SELECT coalesce(max(align_residual_ns), 0) FROM ranks").fetchone()
     tol = min(_TOL_NS + 2 * int(worst[0] if worst else 0), _MAX_TOL_NS)
     # Each op's best candidate (smallest end difference not before the send's end), from
     # both sides, then best first: the rendezvous pairs (difference ~0) claim their ops first.
-    edges = con.execute(
-        f"""WITH e AS (SELECT sid, rid, c FROM ({_ADJACENT}) WHERE c >= -{tol}),
-                 bs AS (SELECT * FROM e QUALIFY row_number() OVER (
-                          PARTITION BY sid ORDER BY abs(c), rid) = 1),
-                 br AS (SELECT * FROM e QUALIFY row_number() OVER (
-                          PARTITION BY rid ORDER BY abs(c), sid) = 1)
-            SELECT DISTINCT sid, rid, abs(c) AS c FROM (SELECT * FROM bs UNION ALL
-                                                        SELECT * FROM br)
-            ORDER BY c, sid, rid"""
-    ).fetchall()
+    with unknown_ops(con):
+        edges = _best_edges(con, tol)
+        ops = con.execute("SELECT id, rank, ts_ns, stream, op, k, batched FROM _p2p_u").fetchall()
     used_s: set[int] = set()
     used_r: set[int] = set()
     pairs: list[tuple[int, int]] = []
@@ -164,8 +157,6 @@ def infer_peers(con: duckdb.DuckDBPyConnection) -> pa.Table:
         used_s.add(sid)
         used_r.add(rid)
         pairs.append((int(sid), int(rid)))
-    ops = con.execute("SELECT id, rank, ts_ns, stream, op, k, batched FROM _p2p_u").fetchall()
-    con.execute("DROP TABLE IF EXISTS _p2p_u")
     info = {int(i): (int(r), int(t), s, o, int(k), b) for i, r, t, s, o, k, b in ops}
     rows = []
     for sid, rid in pairs:
@@ -173,6 +164,20 @@ def infer_peers(con: duckdb.DuckDBPyConnection) -> pa.Table:
         if not (send[5] or recv[5]):  # a batch's nearest end is often another pair's meeting
             rows += [(*send, recv[0]), (*recv, send[0])]
     return hint_table(rows)
+
+
+def _best_edges(con: duckdb.DuckDBPyConnection, tol: int) -> list[tuple[Any, ...]]:
+    """(send id, recv id, |end difference|) of each op's best candidate, best first."""
+    return con.execute(
+        f"""WITH e AS (SELECT sid, rid, c FROM ({_ADJACENT}) WHERE c >= -{tol}),
+                 bs AS (SELECT * FROM e QUALIFY row_number() OVER (
+                          PARTITION BY sid ORDER BY abs(c), rid) = 1),
+                 br AS (SELECT * FROM e QUALIFY row_number() OVER (
+                          PARTITION BY rid ORDER BY abs(c), sid) = 1)
+            SELECT DISTINCT sid, rid, abs(c) AS c FROM (SELECT * FROM bs UNION ALL
+                                                        SELECT * FROM br)
+            ORDER BY c, sid, rid"""
+    ).fetchall()
 
 
 @contextmanager
