@@ -79,7 +79,7 @@ def model(
     contention: bool = True,
 ) -> Model:
     """Build the graph, replay it unchanged (tracking the path) and read the scenarios' inputs."""
-    ctx = wi.Context(wi.stages(con), wi.groups(con))
+    ctx = wi.Context(wi.stages(con), wi.groups(con), unlinked=wi.unlinked(con))
     if contention:
         apply_sql(con, "intervals", "contention")
     held: list[Model] = []

@@ -112,6 +112,9 @@ def _assemble(
         framework=prof.framework,
         groups=prof.groups,  # pg_name -> "PP [0, 4]": how faces name a group
     )
+    if model is not None:  # whether the savings come from the replay, and why not
+        u = model.ctx.unlinked
+        facts["replay"] = {"used": not u.blind, "unlinked_ops": u.ops, "unlinked_share": u.share}
     return Report(facts, results, tuple(findings)), model
 
 

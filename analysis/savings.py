@@ -2,13 +2,16 @@
 
 Why: a finding's `time_at_stake_ns` is a heuristic per analysis; the replay of its fix on the
 cross-rank graph says what the step would gain, waits and dependencies included, and ranks the
-findings by the same measure. A finding whose fix the replay cannot express keeps its estimate.
+findings by the same measure. A finding whose fix the replay cannot express keeps its estimate,
+and so do all of them when communication the graph could not join would hold the replay's waits
+(whatif.Unlinked: a straggler's fix then "saves 0" while the others wait on it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from ranklens.analysis import critical_path as cp
@@ -43,6 +46,8 @@ def attach(m: cp.Model, findings: list[Finding]) -> tuple[list[Finding], list[wi
     """Each finding with a replayable fix gets saving_ns (mean over steps) and its method."""
     names = sorted({s for f in findings if (s := _scenario(f)) is not None})
     outcomes = wi.run_scenarios(m.graph, [wi.parse(n) for n in names], m.ctx)
+    if m.ctx.unlinked.blind:
+        return findings, outcomes
     replayed = float(np.mean(gr.step_times(m.graph, m.base))) if len(m.graph.steps) else 0.0
     saving: dict[str, int] = {
         o.scenario.name: round(replayed - float(np.mean(o.predicted)))
@@ -61,3 +66,14 @@ def attach(m: cp.Model, findings: list[Finding]) -> tuple[list[Finding], list[wi
 def _scenario(f: Finding) -> str | None:
     rule = SCENARIO_OF.get(f.code)
     return rule(f) if rule is not None else None
+
+
+def not_replayed(facts: dict[str, Any]) -> str | None:
+    """Why a report's findings carry no replayed saving (its `replay` fact), else None."""
+    rp = facts.get("replay") or {}
+    if rp.get("used", True):
+        return None
+    return (
+        f"not replayed: {rp['unlinked_ops']:,} comm ops ({rp['unlinked_share']:.0%} of the "
+        "communication time) have no matched peer, and a replay would keep their waits"
+    )

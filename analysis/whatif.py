@@ -97,6 +97,47 @@ def parse(text: str) -> Scenario:
     raise WhatIfError(f"unknown scenario {text!r}", hint)
 
 
+# statuses whose members are in this run but that the graph could not join (matching.py)
+UNLINKED_STATUSES = ("peer_unknown", "incomplete", "op_mismatch", "size_mismatch", "duplicate")
+MAX_UNLINKED_SHARE = 0.02  # of the communication ops' time: above it, replays are blind
+
+
+@dataclass(frozen=True)
+class Unlinked:
+    """Communication whose peers are in the run but that no matched instance joins.
+
+    Why: the replay keeps such an op at its measured length, its wait included, so a fix that
+    makes its peer earlier moves nothing behind it. Above MAX_UNLINKED_SHARE replays say so
+    (a straggler's fix can read "saves 0"), and findings keep their estimate.
+    """
+
+    ops: int = 0
+    share: float = 0.0  # of the communication ops' summed time (a ratio of op time)
+
+    @property
+    def blind(self) -> bool:
+        return self.share > MAX_UNLINKED_SHARE
+
+    def explain(self) -> str:
+        return (
+            f"{self.ops:,} comm ops ({self.share:.0%} of the communication time) have no "
+            "matched peer: the replay keeps their measured waits, so it cannot see what a fix "
+            "changes through them"
+        )
+
+
+def unlinked(con: duckdb.DuckDBPyConnection) -> Unlinked:
+    """The run's unlinked communication (see Unlinked)."""
+    row = con.execute(
+        "SELECT count(*) FILTER (WHERE u), coalesce(sum(d) FILTER (WHERE u), 0), "
+        "coalesce(sum(d), 0) FROM (SELECT status IN (SELECT unnest(?::VARCHAR[])) AS u, "
+        "greatest(end_ns - ts_ns, 0) AS d FROM collectives)",
+        [list(UNLINKED_STATUSES)],
+    ).fetchone()
+    n, part, total = (int(x) for x in row) if row else (0, 0, 0)
+    return Unlinked(n, part / total if total else 0.0)
+
+
 @dataclass
 class Context:
     """What scenarios need besides the graph: stages, and per node the contention excess and
@@ -106,11 +147,13 @@ class Context:
     groups: dict[str, list[list[int]]] = field(default_factory=dict)  # parallelism -> members
     contention_ns: F64 | None = None
     pattern_ns: dict[str, F64] = field(default_factory=dict)
+    unlinked: Unlinked = Unlinked()
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """A scenario's predicted step times (per step of g.steps) or why it does not apply."""
+    """A scenario's predicted step times (per step of g.steps) or why it does not apply; a
+    prediction's note says when unmatched comm kept its waits (Unlinked)."""
 
     scenario: Scenario
     predicted: I64 | None
@@ -239,7 +282,8 @@ def run_scenarios(g: Graph, scenarios: list[Scenario], ctx: Context) -> list[Out
         if note:
             out.append(Outcome(sc, None, note))
             continue
-        out.append(Outcome(sc, gr.step_times(g, gr.replay(g, add, lag))))
+        lower = "unmatched comm keeps its measured waits" if ctx.unlinked.blind else ""
+        out.append(Outcome(sc, gr.step_times(g, gr.replay(g, add, lag)), lower))
     return out
 
 

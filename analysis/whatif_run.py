@@ -33,7 +33,9 @@ def parse_all(names: list[str]) -> list[wi.Scenario]:
 
 def answer(con: duckdb.DuckDBPyConnection, parsed: list[wi.Scenario]) -> dict[str, Any]:
     """{measured_step_ns, replayed_step_ns, replay_error, steps, scenarios: [{name,
-    predicted_step_ns, saving_ns, saving_share, note}]}: means over steps, per step inside;
+    predicted_step_ns, saving_ns, saving_share, note}], unmatched_note}: means over steps, per
+    step inside; unmatched_note says why the savings miss what moves through unmatched comm
+    (whatif.Unlinked), else None;
     no scenario: every one that applies (default_scenarios)."""
     return answer_of(cp.model(con, patterns=tuple(s.pattern for s in parsed if s.pattern)), parsed)
 
@@ -71,5 +73,6 @@ def answer_of(m: cp.Model, parsed: list[wi.Scenario]) -> dict[str, Any]:
         "per_step_measured_ns": [int(x) for x in measured],
         "inconsistent_members": g.inconsistent,
         "dropped_edges": g.dropped_edges,
+        "unmatched_note": m.ctx.unlinked.explain() if m.ctx.unlinked.blind else None,
         "scenarios": rows,
     }

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import polars as pl
+from ranklens.analysis import savings
 from ranklens.analysis._base import Finding
 from ranklens.analysis.report import Report, focus_ranks
 from ranklens.cli.tables import print_table
@@ -176,10 +177,7 @@ def render_table(report: Report, console: Console) -> None:
     for line in cross_rank_lines(f):
         console.print(line, highlight=False)
     console.print()
-    console.print(
-        "[bold]Findings[/] (most step time saved first: by a replay of the fix where one "
-        "exists, else the time at stake)"
-    )
+    console.print(findings_title(f), highlight=False)
     colors = {"critical": "red", "warning": "yellow", "info": "cyan"}
     for i, fd in enumerate(report.findings[:MAX_FINDINGS], start=1):
         c = colors[fd.severity.value]
@@ -361,6 +359,17 @@ def steps_text(steps: list[int]) -> str:
     if list(steps) == [-1]:
         return "none marked (the whole trace is one window)"
     return ", ".join(str(s) for s in steps)
+
+
+def findings_title(facts: dict[str, Any]) -> str:
+    """How the findings are ordered; says so when the replay would hold unmatched waits."""
+    why = savings.not_replayed(facts)
+    if why is None:
+        return (
+            "[bold]Findings[/] (most step time saved first: by a replay of the fix where one "
+            "exists, else the time at stake)"
+        )
+    return f"[bold]Findings[/] (most time at stake first; {why})"
 
 
 def finding_gain(fd: Finding) -> str:

@@ -61,3 +61,5 @@ def whatif(
             s["note"] or "",
         )
     out.print(table)
+    if ans["unmatched_note"]:
+        out.print(f"[yellow]note:[/] {ans['unmatched_note']}", highlight=False)

@@ -10,7 +10,7 @@ from typing import Any
 
 import dash
 from dash import dcc, html
-from ranklens.analysis import Finding
+from ranklens.analysis import Finding, savings
 from ranklens.dashboards import components as ui
 from ranklens.dashboards import tables, whatif_panel
 from ranklens.dashboards.data import RunData, current
@@ -122,6 +122,9 @@ def layout(code: Any = None, **_: Any) -> html.Div:
                 "Ranked by the step time their fix saves (a replay of the run's dependency "
                 "graph where one exists, else the time at stake); each says what to change.",
             ),
+            html.Div(why, id="findings-not-replayed", style={"color": "#a60"})
+            if (why := savings.not_replayed(data.report().facts))
+            else None,
             whatif_panel.panel(),
             html.Div(f"not run: {', '.join(missing)}", style={"color": "#a60"})
             if missing

@@ -189,3 +189,30 @@ def test_critical_path_over_the_timeline(browser: Any, app: LiveApp) -> None:
     again = sorted((d["rank"], d["category"], d["start"], d["end"]) for d in path_drawn(browser))
     assert again == sorted((d["rank"], d["category"], d["start"], d["end"]) for d in drawn)
     assert not severe_logs(browser)
+
+
+def test_unmatched_waits_say_why_no_saving_is_shown(
+    browser: Any, live_app: Callable[[Path], LiveApp], tmp_path: Path
+) -> None:
+    """An interleaved batched job whose trace names no peer: the findings show their time at
+    stake, the page says why nothing is replayed, and each replayed scenario carries the note."""
+    job = GpuJob(
+        tp=2, pp=4, m=8, v=2, schedule="interleaved", batched=True, peers=False,
+        rank_factor={3: 1.3},
+    )  # fmt: skip
+    blind = live_app(job_db(tmp_path, job))
+    rep = blind.data.report()
+    assert rep.facts["replay"]["used"] is False
+    open_page(browser, blind.url("/findings"), "#whatif-run")
+    why = text(browser, "#findings-not-replayed")
+    assert f"not replayed: {rep.facts['replay']['unlinked_ops']:,} comm ops" in why
+    assert not browser.find_elements("css selector", "#findings-list .finding-saving")
+    assert len(browser.find_elements("css selector", "#findings-list .finding-stake")) == len(
+        rep.findings
+    )
+    replay(browser, [], rank="3")
+    note = browser.execute_script(
+        "return document.querySelector('.whatif-row td:last-child').innerText;"
+    )
+    assert note == "unmatched comm keeps its measured waits"
+    assert not severe_logs(browser)
