@@ -13,12 +13,15 @@ from dataclasses import dataclass
 
 import duckdb
 import numpy as np
+import numpy.typing as npt
 import polars as pl
+import pyarrow as pa
 from ranklens.analysis import graph_build as gb
 from ranklens.analysis import graph_replay as gr
 from ranklens.analysis import whatif as wi
 from ranklens.analysis._base import Result
-from ranklens.analysis._sql import apply_sql
+from ranklens.analysis._sql import apply_sql, query_pl
+from ranklens.ingest.database import registered
 
 NAME = "critical_path"
 VIEW_FILES: tuple[str, ...] = ()  # its SQL builds a temp table per run (graph_build), no views
@@ -67,9 +70,9 @@ class Model:
 
     graph: gb.Graph
     base: gr.Replay
-    path: list[gr.Segment]
+    path: gr.Path
     ctx: wi.Context
-    names: dict[int, str]
+    names: pl.DataFrame  # node, name: the first event name of each node on the path
 
 
 def model(
@@ -91,21 +94,26 @@ def model(
             ctx.pattern_ns[pat] = wi.node_pattern_ns(c, g, pat)
         base = gr.replay(g, track=True)
         path = gr.critical_path(g, base)
-        held.append(Model(g, base, path, ctx, _names(c, g, {s.node for s in path})))
+        held.append(Model(g, base, path, ctx, _names(c, g, path.node)))
 
     gb.build(con, p, during)
     return held[0]
 
 
-def _names(con: duckdb.DuckDBPyConnection, g: gb.Graph, nodes: set[int]) -> dict[int, str]:
-    """First event name of the path's nodes."""
-    want = sorted(n for n in nodes if n >= 0)
-    eids = [int(g.n_first_eid[n]) for n in want]
-    rows = con.execute(
-        "SELECT eid, name FROM _critical_path_ev WHERE eid IN (SELECT unnest(?::BIGINT[]))", [eids]
-    ).fetchall()
-    by_eid = {int(e): str(n) for e, n in rows}
-    return {n: by_eid.get(e, "") for n, e in zip(want, eids, strict=True)}
+def _names(
+    con: duckdb.DuckDBPyConnection, g: gb.Graph, nodes: npt.NDArray[np.int64]
+) -> pl.DataFrame:
+    """First event name of the path's nodes (node, name)."""
+    on = np.zeros(len(g.n_start), dtype=bool)  # a mask, not np.unique: paths of millions
+    on[nodes[nodes >= 0]] = True
+    want = np.flatnonzero(on)
+    eids = pa.table({"node": want, "eid": g.n_first_eid[want].astype(np.int64)})
+    with registered(con, "_cp_want", eids):
+        return query_pl(
+            con,
+            "SELECT w.node, coalesce(v.name, '') AS name FROM _cp_want w "
+            "LEFT JOIN _critical_path_ev v USING (eid)",
+        )
 
 
 def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
@@ -127,45 +135,48 @@ def result_of(m: Model, outcomes: list[wi.Outcome], params: Params = Params()) -
 def path_table(m: Model) -> pl.DataFrame:
     """Every segment of every step's critical path."""
     g = m.graph
-    segs = m.path
-    nodes = [s.node for s in segs]
-    return pl.DataFrame(
+    p = m.path
+    stage = pl.DataFrame(
+        {"rank": list(m.ctx.stage_of), "stage": list(m.ctx.stage_of.values())},
+        schema={"rank": pl.Int64, "stage": pl.Int64},
+    )
+    nd = np.maximum(p.node, 0)
+    own = p.node >= 0
+    df = pl.DataFrame(
         {
-            "step": [s.step for s in segs],
-            "seq": _seq([s.step for s in segs]),
-            "rank": [s.rank for s in segs],
-            "stage": [m.ctx.stage_of.get(s.rank) for s in segs],
-            "device": [int(g.n_device[n]) if n >= 0 else None for n in nodes],
-            "stream": [int(g.n_stream[n]) if n >= 0 else None for n in nodes],
-            "category": [s.category for s in segs],
-            "start_ns": [s.start_ns for s in segs],
-            "end_ns": [s.end_ns for s in segs],
-            "dur_ns": [s.end_ns - s.start_ns for s in segs],
-            "name": [m.names.get(n) if n >= 0 else None for n in nodes],
-        },
-        schema={
-            "step": pl.Int64,
-            "seq": pl.Int64,
-            "rank": pl.Int64,
-            "stage": pl.Int64,
-            "device": pl.Int64,
-            "stream": pl.Int64,
-            "category": pl.Utf8,
-            "start_ns": pl.Int64,
-            "end_ns": pl.Int64,
-            "dur_ns": pl.Int64,
-            "name": pl.Utf8,
+            "step": p.step,
+            "rank": p.rank,
+            "node": p.node,
+            "device": np.where(own, g.n_device[nd], 0),
+            "stream": np.where(own, g.n_stream[nd], 0),
+            "own": own,
+            "cat": p.cat,
+            "start_ns": p.start_ns,
+            "end_ns": p.end_ns,
         },
     )
-
-
-def _seq(steps: list[int]) -> list[int]:
-    out, last, k = [], None, 0
-    for s in steps:
-        k = 0 if s != last else k + 1
-        out.append(k)
-        last = s
-    return out
+    names = m.names.with_columns(pl.col("node").cast(pl.Int64))
+    return (
+        df.with_columns(
+            pl.int_range(pl.len()).over("step").alias("seq"),
+            *(
+                pl.when("own").then(pl.col(c)).otherwise(None).alias(c)
+                for c in ("device", "stream")
+            ),
+            (pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"),
+            pl.col("cat")
+            .replace_strict(dict(enumerate(gr.CATEGORIES)), return_dtype=pl.Utf8)
+            .alias("category"),
+        )
+        .join(stage, on="rank", how="left", maintain_order="left")
+        .join(names, on="node", how="left", maintain_order="left")
+        .select(
+            pl.col("step", "seq", "rank", "stage", "device", "stream").cast(pl.Int64),
+            pl.col("category").cast(pl.Utf8),
+            pl.col("start_ns", "end_ns", "dur_ns").cast(pl.Int64),
+            pl.col("name").cast(pl.Utf8),
+        )
+    )
 
 
 def summary_table(m: Model, path: pl.DataFrame) -> pl.DataFrame:

@@ -8,6 +8,7 @@ second. The critical path is the chain of binding in-edges back from the step's 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,83 +103,116 @@ class Segment:
     end_ns: int
 
 
-def critical_path(g: Graph, r: Replay, add: I64 | None = None) -> list[Segment]:
+@dataclass(frozen=True)
+class Path:
+    """A critical path's segments column by column, in time order within each step.
+
+    Why columns: a capture with no step marks is one step whose path can hold every kernel
+    (millions); one object per segment took a minute and gigabytes there."""
+
+    step: I64
+    rank: I64
+    node: I64  # -1 for the step's head and tail
+    cat: I64  # index into CATEGORIES
+    start_ns: I64
+    end_ns: I64
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def __iter__(self) -> Iterator[Segment]:
+        cols = (self.step, self.rank, self.node, self.cat, self.start_ns, self.end_ns)
+        for st, rk, nd, c, a, b in zip(*(x.tolist() for x in cols), strict=True):
+            yield Segment(st, rk, nd, CATEGORIES[c], a, b)
+
+
+_CAT = {c: i for i, c in enumerate(CATEGORIES)}
+# a node's own time, in this order: its measured busy columns (n_busy), then the rest
+_NODE_CATS = np.array([_CAT[c] for c in ("compute", "comm_wait", "memory", "host_launch")])
+
+
+def critical_path(g: Graph, r: Replay, add: I64 | None = None) -> Path:
     """The chain of binding edges back from each step's last end, as segments in time order;
     per step their lengths add up to the replayed step time."""
     assert r.arg is not None, "replay(track=True) first"
     val, arg = r.value, r.arg
     ad = g.v_add if add is None else add
-    out: list[Segment] = []
     ends = np.flatnonzero(np.isin(g.v_kind, (V_NODE, V_END)))
     tail = np.maximum(g.step_w_end - g.step_act_end, 0)
+    src, back = g.e_src.tolist(), arg.tolist()
+    cols: list[list[I64]] = [[] for _ in range(6)]
     for si, step in enumerate(g.steps.tolist()):
         mine = ends[g.v_step[ends] == step]
         if len(mine) == 0:
             continue
         v = int(mine[np.argmax(val[mine])])
-        segs: list[Segment] = []
-        end_t = int(val[v])
-        if tail[si] > 0:
-            segs.append(Segment(step, _rank_of(g, v), -1, "idle", end_t, end_t + int(tail[si])))
-        while v >= 0:
-            v = _walk(g, val, arg, ad, v, step, segs)
-        first = segs[-1].start_ns if segs else end_t
+        chain: list[int] = []
+        while v >= 0:  # back along the binding in-edges to the step start
+            chain.append(v)
+            k = back[v]
+            v = src[k] if k >= 0 else -1
+        vs = np.asarray(chain[::-1], dtype=np.int64)
+        rank, node, cat, a, b = _segments(g, val, arg, ad, vs)
+        end_t = int(val[chain[0]])
+        if tail[si] > 0:  # the step's tail, on the rank of its last end
+            rank, node = np.append(rank, _ranks(g, vs[-1:])), np.append(node, -1)
+            cat = np.append(cat, _CAT["idle"])
+            a, b = np.append(a, end_t), np.append(b, end_t + int(tail[si]))
+        first = int(a[0]) if len(a) else end_t
         head = int(g.step_w_start[si])
-        if first > head:
-            rank0 = segs[-1].rank if segs else -1
-            segs.append(Segment(step, rank0, -1, "host_launch", head, first))
-        out.extend(reversed(segs))
-    return out
+        if first > head:  # the step's start up to the path's first segment
+            rank = np.insert(rank, 0, rank[0] if len(rank) else -1)
+            node, cat = np.insert(node, 0, -1), np.insert(cat, 0, _CAT["host_launch"])
+            a, b = np.insert(a, 0, head), np.insert(b, 0, first)
+        for col, x in zip(cols, (np.full(len(a), step), rank, node, cat, a, b), strict=True):
+            col.append(np.asarray(x, dtype=np.int64))
+    out = [np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in cols]
+    return Path(*out)
 
 
-def _rank_of(g: Graph, v: int) -> int:
-    if g.v_kind[v] == V_JOIN:
-        return -1
-    return int(g.n_rank[g.v_node[v]])
+def _ranks(g: Graph, vs: I64) -> I64:
+    """Each vertex's rank (-1: the join of a collective)."""
+    node = g.v_node[vs]
+    return np.where(g.v_kind[vs] == V_JOIN, -1, g.n_rank[np.maximum(node, 0)]).astype(np.int64)
 
 
-def _walk(g: Graph, val: I64, arg: I64, ad: I64, v: int, step: int, segs: list[Segment]) -> int:
-    """Add vertex v's own time and its binding edge's lag; return the predecessor (-1: the
-    step start)."""
-    kind = int(g.v_kind[v])
-    node = int(g.v_node[v])
-    k = int(arg[v])
-    rank = _rank_of(g, v)
-    end = int(val[v])
-    start = end - int(ad[v]) if kind in (V_NODE, V_ARRIVE) else end
-    if kind == V_NODE and end > start:
-        segs.extend(reversed(_node_parts(g, node, rank, step, start, end)))
-    if k < 0:
-        return -1
-    u = int(g.e_src[k])
-    lag_end = start
-    lag_start = int(val[u])
-    ek = int(g.e_kind[k])
-    if kind == V_END:  # transfer: from the join (or own arrival) to this end
-        segs.append(Segment(step, rank, node, "comm_transfer", lag_start, end))
-        return u
-    if kind == V_ARRIVE:  # a gloo isend arrives at its issue op, before its span starts
-        lag_end = min(start, end)
-    if lag_end > lag_start:
-        cat = "idle" if ek in (E_SYNC, E_BLOCK) else "host_launch"
-        segs.append(Segment(step, rank, node, cat, lag_start, lag_end))
-    return u
-
-
-def _node_parts(g: Graph, node: int, rank: int, step: int, start: int, end: int) -> list[Segment]:
-    """A node's time in its measured proportions (compute, unmatched comm, memory, and the
-    gaps inside it), scaled to its replayed length, in time order."""
-    busy = g.n_busy[node]
-    span = float(g.n_end[node] - g.n_start[node])
-    scale = (end - start) / span if span > 0 else 0.0
-    parts = [
-        (c, round(float(b) * scale))
-        for c, b in zip((*CATEGORIES[:1], "comm_wait", "memory"), busy, strict=True)
-    ]
-    parts.append(("host_launch", (end - start) - sum(d for _, d in parts)))
-    out, t = [], start
-    for cat, d in parts:
-        if d > 0:
-            out.append(Segment(step, rank, node, cat, t, t + d))
-            t += d
-    return out
+def _segments(g: Graph, val: I64, arg: I64, ad: I64, vs: I64) -> tuple[I64, ...]:
+    """Segments of a chain of vertices in time order: per vertex its binding edge's lag (a
+    transfer for a collective's end), then its own time in its measured proportions
+    (compute, unmatched comm, memory, the gaps inside it) scaled to its replayed length."""
+    n = len(vs)
+    kind, node, k = g.v_kind[vs], g.v_node[vs].astype(np.int64), arg[vs]
+    rank = _ranks(g, vs)
+    end = val[vs]
+    own = (kind == V_NODE) | (kind == V_ARRIVE)
+    start = np.where(own, end - ad[vs], end)
+    has = k >= 0
+    kk = np.maximum(k, 0)
+    lag_start = np.where(has, val[g.e_src[kk]], 0)
+    lag_end = np.where(kind == V_ARRIVE, np.minimum(start, end), start)  # gloo isend: its issue
+    is_end = kind == V_END
+    sync = np.isin(g.e_kind[kk], (E_SYNC, E_BLOCK))
+    slot_a = np.zeros((n, 5), dtype=np.int64)
+    slot_b = np.zeros((n, 5), dtype=np.int64)
+    slot_c = np.zeros((n, 5), dtype=np.int64)
+    ok = np.zeros((n, 5), dtype=bool)
+    slot_a[:, 0] = lag_start
+    slot_b[:, 0] = np.where(is_end, end, lag_end)
+    slot_c[:, 0] = np.where(
+        is_end, _CAT["comm_transfer"], np.where(sync, _CAT["idle"], _CAT["host_launch"])
+    )
+    ok[:, 0] = has & (is_end | (lag_end > lag_start))
+    dur = end - start
+    busy_node = (kind == V_NODE) & (dur > 0)
+    nd = np.maximum(node, 0)
+    span = (g.n_end[nd] - g.n_start[nd]).astype(np.float64)
+    scale = np.divide(dur.astype(np.float64), span, out=np.zeros(n), where=span > 0)
+    d = np.rint(g.n_busy[nd] * scale[:, None]).astype(np.int64)
+    d = np.column_stack([d, dur - d.sum(axis=1)])
+    at = start[:, None] + np.concatenate([np.zeros((n, 1), np.int64), np.cumsum(d, 1)[:, :3]], 1)
+    slot_a[:, 1:], slot_b[:, 1:] = at, at + d
+    slot_c[:, 1:] = _NODE_CATS
+    ok[:, 1:] = busy_node[:, None] & (d > 0)
+    pick = ok.ravel()
+    rep = np.repeat(np.arange(n), 5)[pick]
+    return rank[rep], node[rep], slot_c.ravel()[pick], slot_a.ravel()[pick], slot_b.ravel()[pick]
