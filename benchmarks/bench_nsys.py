@@ -249,7 +249,7 @@ def main() -> None:
             )
             if mode == "ingest":
                 print(f"{'':12} stages, wall/CPU s: {stage_line(r)}")
-            elif r["stages"]:
+            elif mode == "cli" and r["stages"]:
                 got = r["stages"]
                 print(f"{'':12} " + ", ".join(f"{k} {v[0]:.1f} s" for k, v in got.items()))
         best, median = max(rates), statistics.median(rates)
