@@ -362,8 +362,14 @@ def _assemble(
         order=order,
         dropped_edges=dropped,
         inconsistent=inconsistent,
-        ranks_gpu={int(r): bool(x) for r, x in zip(n_rank, gpu[n_first_eid], strict=True)},
+        ranks_gpu=_last_per_rank(n_rank, gpu[n_first_eid]),
     )
+
+
+def _last_per_rank(rank: I64, flag: npt.NDArray[np.bool_]) -> dict[int, bool]:
+    """Rank -> the flag of its last node (one lookup per rank, not per node: millions)."""
+    ranks, last = np.unique(rank[::-1], return_index=True)
+    return {int(r): bool(flag[len(rank) - 1 - i]) for r, i in zip(ranks, last, strict=True)}
 
 
 def to_networkx(g: Graph) -> nx.DiGraph:
