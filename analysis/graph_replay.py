@@ -187,11 +187,13 @@ def _segments(g: Graph, val: I64, arg: I64, ad: I64, vs: I64) -> tuple[I64, ...]
     own = (kind == V_NODE) | (kind == V_ARRIVE)
     start = np.where(own, end - ad[vs], end)
     has = k >= 0
-    kk = np.maximum(k, 0)
-    lag_start = np.where(has, val[g.e_src[kk]], 0)
+    kk = np.where(has, k, 0) if len(g.e_src) else np.zeros(n, dtype=np.int64)
+    e_src = g.e_src if len(g.e_src) else np.zeros(1, dtype=np.int64)  # no edge: none read
+    e_kind = g.e_kind if len(g.e_kind) else np.zeros(1, dtype=g.e_kind.dtype)
+    lag_start = np.where(has, val[e_src[kk]], 0)
     lag_end = np.where(kind == V_ARRIVE, np.minimum(start, end), start)  # gloo isend: its issue
     is_end = kind == V_END
-    sync = np.isin(g.e_kind[kk], (E_SYNC, E_BLOCK))
+    sync = np.isin(e_kind[kk], (E_SYNC, E_BLOCK))
     slot_a = np.zeros((n, 5), dtype=np.int64)
     slot_b = np.zeros((n, 5), dtype=np.int64)
     slot_c = np.zeros((n, 5), dtype=np.int64)
