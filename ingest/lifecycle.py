@@ -158,6 +158,9 @@ def worker_pool(workers: int, preload: str) -> ProcessPoolExecutor:
     )
 
 
+_STUCK_S = 1.0  # a worker dead this long with the pool not broken: its thread is stuck
+
+
 class _WorkerPool(ProcessPoolExecutor):
     """A pool whose shutdown, once it is broken (a worker died: the OOM killer), SIGKILLs the
     workers left. Why: a broken pool stops them with SIGTERM, which they ignore
@@ -166,17 +169,65 @@ class _WorkerPool(ProcessPoolExecutor):
     re-runs a script that starts the ingest at import (no `__main__` guard), from one killed."""
 
     worked = False
+    _watch: threading.Thread | None = None
+    _closing = False
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
         fut = super().submit(fn, *args, **kwargs)
         fut.add_done_callback(self._note)
+        if self._watch is None:
+            self._watch = threading.Thread(target=self._watchdog, name="ranklens-pool", daemon=True)
+            self._watch.start()
         return fut
+
+    def _watchdog(self) -> None:
+        """A worker killed while it wrote its result (a decoded piece: megabytes) leaves half
+        a message in the result pipe; the pool's thread then waits for the rest forever and
+        never looks at the death, and the ingest hangs. When a worker is dead and the pool
+        still not broken a moment later, the other workers are killed and this process' end
+        of the pipe closed: the pool's thread reads end-of-file and breaks the pool as for any
+        death (BrokenProcessPool, then WorkerDied)."""
+        dead_since: float | None = None
+        while not self._closing and not getattr(self, "_broken", False):
+            time.sleep(0.2)
+            if not self._dead_worker():
+                dead_since = None
+            elif dead_since is None:
+                dead_since = time.monotonic()
+            elif time.monotonic() - dead_since >= _STUCK_S and not self._closing:
+                self._unstick()
+                return
+
+    def _processes_now(self) -> list[Any]:
+        with contextlib.suppress(RuntimeError):  # the pool's thread changed the dict
+            return list((getattr(self, "_processes", None) or {}).values())
+        return []
+
+    def _dead_worker(self) -> bool:
+        """Whether a worker has exited (its sentinel is ready: nothing is read or reaped)."""
+        from multiprocessing.connection import wait
+
+        sentinels = []
+        for p in self._processes_now():
+            with contextlib.suppress(ValueError):  # closed
+                sentinels.append(p.sentinel)
+        return bool(sentinels) and bool(wait(sentinels, timeout=0))
+
+    def _unstick(self) -> None:
+        for p in self._processes_now():
+            with contextlib.suppress(OSError, ValueError):
+                p.kill()
+        writer = getattr(getattr(self, "_result_queue", None), "_writer", None)
+        with contextlib.suppress(OSError):
+            if writer is not None:
+                writer.close()
 
     def _note(self, fut: Future[Any]) -> None:
         if not fut.cancelled() and fut.exception() is None:
             self.worked = True
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._closing = True  # workers exit now: not a death for the watchdog
         if getattr(self, "_broken", False):
             with contextlib.suppress(RuntimeError):  # the pool's thread changed the dict
                 for p in list((getattr(self, "_processes", None) or {}).values()):

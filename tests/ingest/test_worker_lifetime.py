@@ -4,6 +4,8 @@ ingest's memory peak, and idle workers still hold ~60-80 MB each of what they de
 
 from __future__ import annotations
 
+import os
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -39,3 +41,34 @@ def test_workers_are_gone_before_the_last_rank_is_written(
     assert rep.ranks == list(range(8)) and len(alive) == 8
     assert alive[-1] == 0  # the last rank: written with no worker left
     assert max(alive[:-1]) > 0  # the others: written while the workers decoded the next file
+
+
+def _half_a_result() -> None:
+    """In a worker: half a result message in the pool's result pipe, then SIGKILL: what the
+    OOM killer leaves when it takes a worker that was sending a decoded piece (megabytes)."""
+    import gc
+    import multiprocessing.queues
+    import signal
+    import struct
+
+    (queue,) = [o for o in gc.get_objects() if isinstance(o, multiprocessing.queues.SimpleQueue)]
+    queue._writer._send(struct.pack("!i", 1 << 20) + b"x" * 100)  # says 1 MB, holds 100 bytes
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_worker_killed_while_it_sends_breaks_the_pool() -> None:
+    """The pool's thread read the half message and waited for the rest forever: the ingest
+    hung (seen in CI when a worker was killed 0.3 s into a 4-rank ingest). Now the pool breaks,
+    as for any dead worker, and shuts down."""
+    pool = lifecycle.worker_pool(2, "ranklens.ingest.lifecycle")
+    try:
+        lifecycle.start_workers(pool, 2)
+        fut = pool.submit(_half_a_result)
+        with pytest.raises(BrokenProcessPool):
+            fut.result(timeout=30)
+    finally:
+        if not getattr(pool, "_broken", False):  # the old hang: unstick it, or pytest hangs too
+            for p in list((pool._processes or {}).values()):  # type: ignore[attr-defined]
+                p.kill()
+            pool._result_queue._writer.close()  # type: ignore[attr-defined]
+        pool.shutdown(wait=True)
