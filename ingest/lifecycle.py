@@ -211,7 +211,10 @@ class _WorkerPool(ProcessPoolExecutor):
         for p in self._processes_now():
             with contextlib.suppress(ValueError):  # closed
                 sentinels.append(p.sentinel)
-        return bool(sentinels) and bool(wait(sentinels, timeout=0))
+        try:
+            return bool(sentinels) and bool(wait(sentinels, timeout=0))
+        except (OSError, ValueError):  # closed as the pool shut down: not a death
+            return False
 
     def _unstick(self) -> None:
         for p in self._processes_now():
