@@ -216,10 +216,13 @@ class _WorkerPool(ProcessPoolExecutor):
         except (OSError, ValueError):  # closed as the pool shut down: not a death
             return False
 
-    def _unstick(self) -> None:
+    def _kill_all(self) -> None:
         for p in self._processes_now():
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(OSError, ValueError):  # gone, or closed
                 p.kill()
+
+    def _unstick(self) -> None:
+        self._kill_all()
         writer = getattr(getattr(self, "_result_queue", None), "_writer", None)
         with contextlib.suppress(OSError):
             if writer is not None:
@@ -232,10 +235,7 @@ class _WorkerPool(ProcessPoolExecutor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self._closing = True  # workers exit now: not a death for the watchdog
         if getattr(self, "_broken", False):
-            with contextlib.suppress(RuntimeError):  # the pool's thread changed the dict
-                for p in list((getattr(self, "_processes", None) or {}).values()):
-                    with contextlib.suppress(OSError, ValueError):  # gone, or closed
-                        p.kill()
+            self._kill_all()
         super().shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
