@@ -2,8 +2,9 @@
 
 Why: a run killed with SIGKILL (the OOM killer, a CI timeout) runs no cleanup, so its unpacked
 .gz copies and temporary databases would stay in $TMPDIR forever (hundreds of MB each time).
-Every directory made here holds a lock file that its owner keeps locked (flock) while it lives;
-the kernel drops the lock when the process dies, so any later run can remove what nobody holds,
+Every directory made here is locked (flock) by its owner while it lives, the directory itself
+and a lock file inside it (what older versions look at); the kernel drops a lock when its
+process dies, so any later run can remove what nobody holds,
 whatever its PID namespace, and never touches a live run's files.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 PREFIX = "ranklens-"
 _LOCK = ".owner.lock"
+_TRIES = 20
 
 
 @contextmanager
@@ -26,19 +28,43 @@ def private_dir(kind: str) -> Iterator[Path]:
     """A fresh directory under $TMPDIR, removed on exit (and by a later run if this one dies).
     Abandoned directories of dead runs are removed first."""
     sweep_abandoned()
-    path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{kind}-"))
-    fd = -1
+    path, fds = _make(kind)
     try:
-        # Lock first under another name, then rename: a sweeper never sees the lock unheld.
-        staging = path / (_LOCK + ".new")
-        fd = os.open(staging, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.rename(staging, path / _LOCK)
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-        if fd >= 0:
+        for fd in fds:
             os.close(fd)
+
+
+def _make(kind: str) -> tuple[Path, list[int]]:
+    """Make and lock a directory. The directory's own flock is the owner's mark: a process
+    killed between `mkdtemp` and its lock leaves an empty unlocked directory, which a sweep
+    removes, so no moment exists where an abandoned directory is kept. A sweep can remove a
+    live one before its lock is taken: then make another."""
+    for _ in range(_TRIES):
+        path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{kind}-"))
+        fds: list[int] = []
+        try:
+            fds.append(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            fcntl.flock(fds[0], fcntl.LOCK_EX)
+            if os.fstat(fds[0]).st_nlink == 0 or os.stat(path).st_ino != os.fstat(fds[0]).st_ino:
+                raise FileNotFoundError(path)  # swept before the lock was ours
+            # The lock file too, for older sweepers: lock it under another name, then rename.
+            staging = path / (_LOCK + ".new")
+            fds.append(os.open(staging, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600))
+            fcntl.flock(fds[1], fcntl.LOCK_EX)
+            os.rename(staging, path / _LOCK)
+            return path, fds
+        except FileNotFoundError:
+            for fd in fds:
+                os.close(fd)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+    raise OSError(f"could not make a temporary directory under {tempfile.gettempdir()}")
 
 
 def sweep_abandoned(root: str | os.PathLike[str] | None = None) -> list[str]:
@@ -51,17 +77,33 @@ def sweep_abandoned(root: str | os.PathLike[str] | None = None) -> list[str]:
         return removed
     for d in candidates:
         try:
-            fd = os.open(d / _LOCK, os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
-            continue  # no lock: not made here, or still being set up
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _abandoned(d):
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(str(d))
         except OSError:
-            os.close(fd)
             continue  # its owner is alive
-        try:
-            shutil.rmtree(d, ignore_errors=True)
-            removed.append(str(d))
         finally:
             os.close(fd)
     return removed
+
+
+def _abandoned(d: Path) -> bool:
+    """Called with `d`'s own lock held: nobody of this version owns it. Its lock file says
+    whether an older owner still does; without one, only a directory killed while being set
+    up (empty, or its unlocked lock file not yet renamed) is ours to remove."""
+    try:
+        fd = os.open(d / _LOCK, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return {p.name for p in d.iterdir()} <= {_LOCK + ".new"}
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False  # an older version's live run
+    finally:
+        os.close(fd)
