@@ -373,7 +373,14 @@ def findings_title(facts: dict[str, Any]) -> str:
 
 
 def finding_gain(fd: Finding) -> str:
-    """'saves ~X ms/step (replay of SCENARIO)', else '~X ms/step at stake'."""
+    """'saves ~X ms/step (replay of SCENARIO)', else '~X ms/step at stake'. A replay whose
+    step is no shorter says so in words: "saves ~-0.129 ms" reads as a bug."""
+    if fd.saving_ns is not None and fd.saving_ns <= 0:
+        longer = f"{_fmt(-fd.saving_ns, 'ms')} ms longer" if fd.saving_ns else "unchanged"
+        return (
+            f"no saving by {fd.saving_method} (its step is {longer}; "
+            f"at stake ~{_fmt(fd.time_at_stake_ns, 'ms')} ms)"
+        )
     if fd.saving_ns is not None:
         return (
             f"saves ~{_fmt(fd.saving_ns, 'ms')} ms/step ({fd.saving_method}; "

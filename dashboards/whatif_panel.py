@@ -24,8 +24,12 @@ _INPUT = {"width": "140px"}
 def saving(f: Finding) -> html.Span:
     """A finding's cost: the replayed saving of its fix, else its time at stake (an estimate)."""
     if f.saving_ns is not None:
+        gain = f"saves {f.saving_ns / MS:.3f} ms per step"  # else words, as the CLI's
+        if f.saving_ns <= 0:
+            longer = f"{-f.saving_ns / MS:.3f} ms longer" if f.saving_ns else "unchanged"
+            gain = f"no saving (its step is {longer})"
         return html.Span(
-            f" · saves {f.saving_ns / MS:.3f} ms per step ({f.saving_method}; "
+            f" · {gain} ({f.saving_method}; "
             f"{f.time_at_stake_ns / MS:.2f} ms per step at stake by estimate)",
             className="finding-saving",
             **_data({"data-saving-ns": str(f.saving_ns), "data-method": f.saving_method or ""}),

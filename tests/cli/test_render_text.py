@@ -77,3 +77,29 @@ def test_no_number_is_cut_in_a_narrow_report(megatron: Path, columns: int) -> No
     values = set(_table_numbers(wide)) - {""}
     assert values and values <= set(_table_numbers(narrow))
     assert any(v.endswith("%") for v in values) and any("." in v for v in values)
+
+
+@pytest.mark.parametrize(
+    ("saving", "words"),
+    [
+        (1_234_000, "saves ~1.234 ms/step (replay of straggler:3; at stake ~2.000 ms)"),
+        (0, "no saving by replay of straggler:3 (its step is unchanged; at stake ~2.000 ms)"),
+        (-129_000, "no saving by replay of straggler:3 (its step is 0.129 ms longer; at stake"),
+    ],
+)
+def test_a_replay_that_saves_nothing_says_so(saving: int, words: str) -> None:
+    """A replayed fix that does not shorten the step (stage-balance replayed -0.129 ms on an
+    interleaved job) reads "no saving", never "saves ~-0.129 ms"; the CLI and the dashboard's
+    findings say the same."""
+    from ranklens.analysis._base import Finding, Severity
+    from ranklens.cli.render import finding_gain
+    from ranklens.dashboards.whatif_panel import saving as dash_saving
+
+    fd = Finding(
+        "STRAGGLER_RANK", Severity.WARNING, "m", "f", time_at_stake_ns=2_000_000,
+        saving_ns=saving, saving_method="replay of straggler:3",
+    )  # fmt: skip
+    assert finding_gain(fd).startswith(words)
+    shown = str(dash_saving(fd).children)
+    assert "-0." not in finding_gain(fd) and "-0." not in shown
+    assert ("no saving" in shown) == (saving <= 0)
