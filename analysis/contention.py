@@ -111,12 +111,13 @@ def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
 
 
 def _per_step_worst(df: pl.DataFrame, col: str) -> tuple[float, int | None]:
-    """The worst rank's mean per step of `col`, and that rank."""
+    """The worst rank's mean per step of `col`, and that rank. Per step, not per row: the
+    copies have a row per direction (H2D and D2H in one step are one step's exposed time)."""
     if df.is_empty():
         return 0.0, None
     per = (
         df.group_by("rank")
-        .agg(pl.col(col).sum() / pl.len())
+        .agg(pl.col(col).sum() / pl.col("step").n_unique())
         .sort([col, "rank"], descending=[True, False])  # ties: the lowest rank
     )
     top = per.row(0, named=True)

@@ -18,6 +18,7 @@ stream 11: H2D copy [1000,1100); compute (stream 7, 'attn') [1050,1100) -> hidde
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -188,3 +189,36 @@ def test_kernel_without_a_host_op_keeps_its_launch_class(ingest: Ingest) -> None
     t.host("aten::mm", 400, 10, args={"External id": 77, "Input Dims": [[8, 8], [8, 8]]})
     res = contention.run(ingest(t))
     assert list(res.table["shape"]) == ["grid=[128, 1, 1] block=[256, 1, 1]"]
+
+
+def test_copies_both_ways_are_one_steps_exposed_time(ingest: Ingest) -> None:
+    """H2D exposed 50 µs and D2H [1120,1150) exposed 30 µs in the one step: 80 µs per step.
+    The finding divided by rows (one per direction) and said 40 (a public Nsight capture of
+    copies only: "460 ms per step" in a 969 ms step where 920 ms of copies were exposed)."""
+    t = _trace()
+    t.memcpy(1120, 30, nbytes=1_000, direction="DtoH (Device -> Pageable)", stream=11)
+    res = contention.run(ingest(t))
+    dirs = res.tables["memcpy"].sort("direction")
+    assert dirs["direction"].to_list() == ["DtoH", "HtoD"]
+    assert dirs["exposed_ns"].to_list() == [30 * US, 50 * US]
+    m = {f.code: f for f in res.findings}["CONTENTION_MEMCPY_EXPOSED"]
+    assert m.time_at_stake_ns == 80 * US
+    assert f"{80 * US / 1e6:.2f} ms per step" in m.message
+
+
+def test_public_copies_per_step(shared_traces: Path, tmp_path: Path) -> None:
+    """HTA's trace_diff test trace (rank 1, 6 steps, H2D and D2H copies in each): the finding's
+    figure is all exposed copy time over the rank's steps, 14.787 ms / 6 = 2.4645 ms (worked
+    out by hand from the per-direction rows: 14,749 µs H2D + 38 µs D2H)."""
+    from ranklens.ingest import load_traces
+
+    db = tmp_path / "t.duckdb"
+    load_traces([shared_traces / "hta-testdata/trace_diff/test/test.json.gz"], db)
+    con = duckdb.connect(str(db), read_only=True)
+    res = contention.run(con)
+    n_steps = con.execute("SELECT count(DISTINCT step) FROM steps WHERE rank = 1").fetchone()
+    assert n_steps == (6,)
+    mem = res.tables["memcpy"]
+    assert mem.height == 12 and int(mem["exposed_ns"].sum()) == 14_787_000
+    m = {f.code: f for f in res.findings}["CONTENTION_MEMCPY_EXPOSED"]
+    assert m.time_at_stake_ns == 2_464_500 and m.ranks == (1,)
