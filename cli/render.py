@@ -386,6 +386,8 @@ def finding_gain(fd: Finding) -> str:
             f"saves ~{_fmt(fd.saving_ns, 'ms')} ms/step ({fd.saving_method}; "
             f"at stake ~{_fmt(fd.time_at_stake_ns, 'ms')} ms)"
         )
+    if not fd.time_at_stake_ns:  # a warning about the numbers, or a share: not a time cost
+        return "no time at stake measured"
     return f"~{_fmt(fd.time_at_stake_ns, 'ms')} ms/step at stake"
 
 

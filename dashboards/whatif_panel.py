@@ -34,8 +34,9 @@ def saving(f: Finding) -> html.Span:
             className="finding-saving",
             **_data({"data-saving-ns": str(f.saving_ns), "data-method": f.saving_method or ""}),
         )
+    stake = f"~{f.time_at_stake_ns / MS:.2f} ms per step at stake (estimate: no replay of this fix)"
     return html.Span(
-        f" · ~{f.time_at_stake_ns / MS:.2f} ms per step at stake (estimate: no replay of this fix)",
+        f" · {stake if f.time_at_stake_ns else 'no time at stake measured'}",
         className="finding-stake",
     )
 

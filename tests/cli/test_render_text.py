@@ -103,3 +103,17 @@ def test_a_replay_that_saves_nothing_says_so(saving: int, words: str) -> None:
     shown = str(dash_saving(fd).children)
     assert "-0." not in finding_gain(fd) and "-0." not in shown
     assert ("no saving" in shown) == (saving <= 0)
+
+
+def test_a_finding_with_nothing_at_stake_says_so() -> None:
+    """ALIGN_RESIDUAL_POOR warns about the numbers and costs no step time: not "~0.000 ms/step
+    at stake", which reads as a measured zero."""
+    from ranklens.analysis._base import Finding, Severity
+    from ranklens.cli.render import finding_gain
+    from ranklens.dashboards.whatif_panel import saving as dash_saving
+
+    fd = Finding("ALIGN_RESIDUAL_POOR", Severity.WARNING, "m", "f")
+    assert finding_gain(fd) == "no time at stake measured"
+    assert "no time at stake measured" in str(dash_saving(fd).children)
+    fd = Finding("X", Severity.WARNING, "m", "f", time_at_stake_ns=2_500_000)
+    assert finding_gain(fd) == "~2.500 ms/step at stake"
