@@ -20,6 +20,7 @@ from pathlib import Path
 
 PREFIX = "ranklens-"
 _LOCK = ".owner.lock"
+_STAGING = _LOCK + ".new"
 _TRIES = 20
 
 
@@ -51,7 +52,7 @@ def _make(kind: str) -> tuple[Path, list[int]]:
             if os.fstat(fds[0]).st_nlink == 0 or os.stat(path).st_ino != os.fstat(fds[0]).st_ino:
                 raise FileNotFoundError(path)  # swept before the lock was ours
             # The lock file too, for older sweepers: lock it under another name, then rename.
-            staging = path / (_LOCK + ".new")
+            staging = path / _STAGING
             fds.append(os.open(staging, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600))
             fcntl.flock(fds[1], fcntl.LOCK_EX)
             os.rename(staging, path / _LOCK)
@@ -94,16 +95,26 @@ def sweep_abandoned(root: str | os.PathLike[str] | None = None) -> list[str]:
 
 def _abandoned(d: Path) -> bool:
     """Called with `d`'s own lock held: nobody of this version owns it. Its lock file says
-    whether an older owner still does; without one, only a directory killed while being set
-    up (empty, or its unlocked lock file not yet renamed) is ours to remove."""
+    whether an older version's run does (one still setting up holds the staging name, then
+    renames it); with neither, only an empty directory (killed while being set up) is ours."""
+    names = {p.name for p in d.iterdir()}
+    if _LOCK in names:
+        return not _held(d / _LOCK)
+    if names == {_STAGING}:
+        return not _held(d / _STAGING) and not _held(d / _LOCK)
+    return not names
+
+
+def _held(path: Path) -> bool:
+    """Whether a live process holds `path`'s flock (missing: nobody)."""
     try:
-        fd = os.open(d / _LOCK, os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
-        return {p.name for p in d.iterdir()} <= {_LOCK + ".new"}
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
+        return False
     except OSError:
-        return False  # an older version's live run
+        return True
     finally:
         os.close(fd)

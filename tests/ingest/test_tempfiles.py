@@ -116,3 +116,18 @@ def test_a_held_directory_survives_a_sweep_from_another_process(
         assert out.returncode == 0 and out.stdout.strip() == "[]", out
         assert p.exists()
     assert _left(tmp_path) == []
+
+
+def test_an_older_versions_run_setting_up_is_kept(tmp_path: Path) -> None:
+    """Older versions lock only the file inside (first under its staging name): held, kept."""
+    import fcntl
+
+    d = tmp_path / "ranklens-task-old"
+    d.mkdir()
+    fd = os.open(d / ".owner.lock.new", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert sweep_abandoned(tmp_path) == [] and d.exists()
+    finally:
+        os.close(fd)
+    assert sweep_abandoned(tmp_path) == [str(d)]
