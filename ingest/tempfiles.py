@@ -4,8 +4,8 @@ Why: a run killed with SIGKILL (the OOM killer, a CI timeout) runs no cleanup, s
 .gz copies and temporary databases would stay in $TMPDIR forever (hundreds of MB each time).
 Every directory made here is locked (flock) by its owner while it lives, the directory itself
 and a lock file inside it (what older versions look at); the kernel drops a lock when its
-process dies, so any later run can remove what nobody holds,
-whatever its PID namespace, and never touches a live run's files.
+process dies, so any later run can remove what nobody holds, whatever its PID namespace, and
+never touches a live run's files.
 """
 
 from __future__ import annotations
