@@ -68,6 +68,23 @@ def _scenario(f: Finding) -> str | None:
     return rule(f) if rule is not None else None
 
 
+# a finding that costs no step time: a warning about the numbers (alignment), or a share
+NO_STAKE = "no time at stake measured"
+
+
+def not_shorter(f: Finding) -> str | None:
+    """Why a replayed fix saves nothing, when its replay's step is no shorter ("its step is
+    0.129 ms longer"); None when it saves time or was not replayed. The faces print these
+    words: "saves ~-0.129 ms" reads as a bug."""
+    if f.saving_ns is None or f.saving_ns > 0:
+        return None
+    return (
+        f"its step is {-f.saving_ns / 1e6:.3f} ms longer"
+        if f.saving_ns
+        else "its step is unchanged"
+    )
+
+
 def not_replayed(facts: dict[str, Any]) -> str | None:
     """Why a report's findings carry no replayed saving (its `replay` fact), else None."""
     rp = facts.get("replay") or {}

@@ -373,22 +373,16 @@ def findings_title(facts: dict[str, Any]) -> str:
 
 
 def finding_gain(fd: Finding) -> str:
-    """'saves ~X ms/step (replay of SCENARIO)', else '~X ms/step at stake'. A replay whose
-    step is no shorter says so in words: "saves ~-0.129 ms" reads as a bug."""
-    if fd.saving_ns is not None and fd.saving_ns <= 0:
-        longer = f"{_fmt(-fd.saving_ns, 'ms')} ms longer" if fd.saving_ns else "unchanged"
-        return (
-            f"no saving by {fd.saving_method} (its step is {longer}; "
-            f"at stake ~{_fmt(fd.time_at_stake_ns, 'ms')} ms)"
-        )
+    """'saves ~X ms/step (replay of SCENARIO)', 'no saving by ...' when the replay's step is no
+    shorter (savings.not_shorter), else '~X ms/step at stake'."""
+    stake = _fmt(fd.time_at_stake_ns, "ms")
+    if (why := savings.not_shorter(fd)) is not None:
+        return f"no saving by {fd.saving_method} ({why}; at stake ~{stake} ms)"
     if fd.saving_ns is not None:
         return (
-            f"saves ~{_fmt(fd.saving_ns, 'ms')} ms/step ({fd.saving_method}; "
-            f"at stake ~{_fmt(fd.time_at_stake_ns, 'ms')} ms)"
+            f"saves ~{_fmt(fd.saving_ns, 'ms')} ms/step ({fd.saving_method}; at stake ~{stake} ms)"
         )
-    if not fd.time_at_stake_ns:  # a warning about the numbers, or a share: not a time cost
-        return "no time at stake measured"
-    return f"~{_fmt(fd.time_at_stake_ns, 'ms')} ms/step at stake"
+    return f"~{stake} ms/step at stake" if fd.time_at_stake_ns else savings.NO_STAKE
 
 
 def ingest_seconds(seconds: dict[str, float]) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 import dash
 from dash import Input, Output, State, dcc, html
-from ranklens.analysis import Finding
+from ranklens.analysis import Finding, savings
 from ranklens.dashboards import components as ui
 from ranklens.dashboards import data_whatif as dw
 from ranklens.dashboards.data import current
@@ -24,10 +24,8 @@ _INPUT = {"width": "140px"}
 def saving(f: Finding) -> html.Span:
     """A finding's cost: the replayed saving of its fix, else its time at stake (an estimate)."""
     if f.saving_ns is not None:
-        gain = f"saves {f.saving_ns / MS:.3f} ms per step"  # else words, as the CLI's
-        if f.saving_ns <= 0:
-            longer = f"{-f.saving_ns / MS:.3f} ms longer" if f.saving_ns else "unchanged"
-            gain = f"no saving (its step is {longer})"
+        why = savings.not_shorter(f)
+        gain = f"saves {f.saving_ns / MS:.3f} ms per step" if why is None else f"no saving ({why})"
         return html.Span(
             f" · {gain} ({f.saving_method}; "
             f"{f.time_at_stake_ns / MS:.2f} ms per step at stake by estimate)",
@@ -36,7 +34,7 @@ def saving(f: Finding) -> html.Span:
         )
     stake = f"~{f.time_at_stake_ns / MS:.2f} ms per step at stake (estimate: no replay of this fix)"
     return html.Span(
-        f" · {stake if f.time_at_stake_ns else 'no time at stake measured'}",
+        f" · {stake if f.time_at_stake_ns else savings.NO_STAKE}",
         className="finding-stake",
     )
 

@@ -57,14 +57,12 @@ def _make(kind: str) -> tuple[Path, list[int]]:
             fcntl.flock(fds[1], fcntl.LOCK_EX)
             os.rename(staging, path / _LOCK)
             return path, fds
-        except FileNotFoundError:
+        except BaseException as exc:
             for fd in fds:
                 os.close(fd)
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            shutil.rmtree(path, ignore_errors=True)
-            raise
+            if not isinstance(exc, FileNotFoundError):  # swept: make another
+                shutil.rmtree(path, ignore_errors=True)
+                raise
     raise OSError(f"could not make a temporary directory under {tempfile.gettempdir()}")
 
 
