@@ -12,7 +12,8 @@
 2. Communication beside communication (e.g. DP all-reduce beside PP send/recv): each comm
    event against the comm on the device's other streams/threads, per (name, op, parallelism,
    size, dtype). Durations include waiting for peers: a slowdown here can also be a late peer.
-3. H2D/D2H copies (activation offload): how much of the copy time ran under compute.
+3. H2D/D2H copies (activation offload): how much of the copy time ran under compute, per
+   copy (`memcpy`) and in wall-clock time per step (`memcpy_steps`: concurrent copies once).
 
 On CPU-only (gloo) ranks the comm that competes is the gloo worker threads' spans (the p2p
 spans on the main thread are waits); many ranks time-sharing few cores make this qualitative.
@@ -99,20 +100,21 @@ def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
             [params.min_overlap, params.min_runs],
         )
         memcpy = query_pl(con, "SELECT * FROM contention_memcpy ORDER BY rank, step, direction")
+        copy_steps = query_pl(con, "SELECT * FROM contention_memcpy_steps ORDER BY rank, step")
     step_ns = con.execute("SELECT avg(end_ns - start_ns) FROM steps").fetchall()[0][0]
     mean_step = float(step_ns) if step_ns is not None else 0.0
     return Result(
         NAME,
         table.select(list(COLUMNS)),
-        tuple(_findings(table, by_step, comm, memcpy, mean_step, params)),
+        tuple(_findings(table, by_step, comm, (memcpy, copy_steps), mean_step, params)),
         params,
-        {"by_step": by_step, "comm": comm, "memcpy": memcpy},
+        {"by_step": by_step, "comm": comm, "memcpy": memcpy, "memcpy_steps": copy_steps},
     )
 
 
 def _per_step_worst(df: pl.DataFrame, col: str) -> tuple[float, int | None]:
-    """The worst rank's mean per step of `col`, and that rank. Per step, not per row: the
-    copies have a row per direction (H2D and D2H in one step are one step's exposed time)."""
+    """The worst rank's mean per step of `col`, and that rank (divided by the rank's distinct
+    steps, not its rows, should a table hold several rows per step)."""
     if df.is_empty():
         return 0.0, None
     per = (
@@ -138,7 +140,7 @@ def _findings(
     table: pl.DataFrame,
     by_step: pl.DataFrame,
     comm: pl.DataFrame,
-    memcpy: pl.DataFrame,
+    copies: tuple[pl.DataFrame, pl.DataFrame],
     mean_step: float,
     p: Params,
 ) -> list[Finding]:
@@ -192,7 +194,7 @@ def _findings(
                 )
             )
     out += _comm_finding(comm, by_step, steps, mean_step, floor, p)
-    out += _copy_finding(memcpy, steps, floor, p)
+    out += _copy_finding(*copies, steps, floor, p)
     return out
 
 
@@ -257,11 +259,18 @@ def _comm_finding(
 
 
 def _copy_finding(
-    memcpy: pl.DataFrame, steps: tuple[int, ...], floor: float, p: Params
+    memcpy: pl.DataFrame,
+    per_step: pl.DataFrame,
+    steps: tuple[int, ...],
+    floor: float,
+    p: Params,
 ) -> list[Finding]:
+    """The share is of copy time (each copy's own); the time at stake is wall-clock (the
+    union of a step's copies with no compute beside it, over all of the rank's steps), so
+    concurrent copies never count twice and a step without copies counts as none."""
     if memcpy.is_empty():
         return []
-    exposed, rank = _per_step_worst(memcpy, "exposed_ns")
+    exposed, rank = _per_step_worst(per_step, "exposed_ns")
     total = float(memcpy["copy_ns"].sum())
     share = float(memcpy["exposed_ns"].sum()) / total if total else 0.0
     if share <= p.exposed_copy_warn or exposed <= floor:
@@ -286,7 +295,9 @@ def _copy_finding(
                 "micro-batch's compute, or offload fewer layers (lower the offload ratio); for "
                 "input batches, pin_memory=True with non_blocking copies issued a step ahead"
             ),
-            ranks=tuple(sorted({int(r) for r in memcpy.filter(pl.col("exposed_ns") > 0)["rank"]})),
+            ranks=tuple(
+                sorted({int(r) for r in per_step.filter(pl.col("exposed_ns") > 0)["rank"]})
+            ),
             steps=steps,
             value=share,
             threshold=p.exposed_copy_warn,

@@ -47,7 +47,7 @@ EVIDENCE: tuple[tuple[str, tuple[str, ...], str | None, bool], ...] = (
     ("PIPELINE_STAGE_IMBALANCE", ("compute",), None, False),
     ("PIPELINE_", ("comm",), "PP", False),
     ("CONTENTION_COMPUTE", ("compute",), None, False),
-    ("CONTENTION_MEMCPY", ("memcpy", "memset"), None, False),
+    ("CONTENTION_MEMCPY", ("memcpy",), None, False),  # the finding is about copies only
     ("CONTENTION_", ("comm",), None, False),
     ("COLLECTIVE_", ("comm",), None, False),
     ("BREAKDOWN_COMM", ("comm",), None, False),

@@ -56,6 +56,13 @@ def _check(con: duckdb.DuckDBPyConnection, name: str) -> None:
     if mem.height:  # exposed copy time of one direction within its step
         both = mem.join(steps, on=["rank", "step"], how="left")
         assert both.filter(pl.col("exposed_ns") > pl.col("w")).is_empty(), name
+    wall = rep.results["contention"].tables["memcpy_steps"]
+    if wall.height:  # the copies' wall-clock time, and its exposed part, within the step
+        both = wall.join(steps, on=["rank", "step"], how="left")
+        bad = both.filter(
+            (pl.col("copy_ns") > pl.col("w")) | (pl.col("exposed_ns") > pl.col("copy_ns"))
+        )
+        assert bad.is_empty(), (name, bad.head(3).to_dicts())
     for f in rep.findings:
         assert 0 <= f.time_at_stake_ns <= longest, (name, f.code, f.time_at_stake_ns, longest)
         assert f.saving_ns is None or f.saving_ns <= longest, (name, f.code, f.saving_ns)

@@ -228,3 +228,40 @@ SELECT rank, step, direction, count(*)::BIGINT AS copies, sum(bytes)::BIGINT AS 
        coalesce(sum(hidden), 0) / nullif(sum(dur), 0) AS hidden_ratio,
        sum(bytes) / nullif(sum(dur), 0) AS gb_per_s
 FROM cp LEFT JOIN hid USING (id) GROUP BY rank, step, direction;
+
+-- One row per step of each rank with H2D/D2H copies (zeros in its steps without any), in
+-- wall-clock time, not per-copy sums: copy_ns = the union of the copies; exposed_ns = the time
+-- of that union with no compute beside it on the same device. Why: an H2D and a D2H on two
+-- copy engines (or copies on several streams) run at the same time, and summing their per-copy
+-- exposed time counts that time twice. Same 1 ms bucket join as above, over the copies'
+-- islands instead of each copy.
+CREATE OR REPLACE TEMP VIEW contention_memcpy_steps AS
+WITH iv AS (
+  SELECT dk AS k, step AS cls, s, e
+  FROM _contention_ev WHERE kind = 'memcpy' AND regexp_matches(name, 'Memcpy (HtoD|DtoH)')
+), isl AS MATERIALIZED (
+  SELECT row_number() OVER (ORDER BY k, cls, s) AS id, k AS dk, cls AS step, s, e,
+         e - s AS dur
+  FROM interval_union('iv')
+), cb AS (
+  SELECT id, dk, s, e, unnest(range(s // 1000000 - 1, e // 1000000 + 1)) AS bk FROM isl
+), piece AS (
+  SELECT c.id AS k, 0 AS cls, greatest(x.s, c.s) AS s, least(x.e, c.e) AS e
+  FROM _contention_ev x JOIN cb c ON c.dk = x.dk AND c.bk = x.s // 1000000
+  WHERE x.kind = 'compute' AND x.dur <= 1000000 AND x.s < c.e AND x.e > c.s
+  UNION ALL
+  SELECT c.id, 0, greatest(x.s, c.s), least(x.e, c.e)
+  FROM _contention_ev x JOIN isl c ON c.dk = x.dk AND x.s < c.e AND x.e > c.s
+  WHERE x.kind = 'compute' AND x.dur > 1000000
+), hid AS (
+  SELECT k AS id, sum(e - s) AS hidden FROM interval_union('piece') GROUP BY k
+), rk AS (
+  SELECT DISTINCT dk, rank FROM _contention_ev WHERE kind = 'memcpy'
+), per AS (
+  SELECT rank, step, sum(dur) AS copy_ns, sum(dur) - coalesce(sum(hidden), 0) AS exposed_ns
+  FROM isl JOIN rk USING (dk) LEFT JOIN hid USING (id) GROUP BY rank, step
+)
+SELECT rank, step, coalesce(copy_ns, 0)::BIGINT AS copy_ns,
+       coalesce(exposed_ns, 0)::BIGINT AS exposed_ns
+FROM (SELECT DISTINCT rank, step FROM steps) JOIN (SELECT DISTINCT rank FROM per) USING (rank)
+     LEFT JOIN per USING (rank, step);

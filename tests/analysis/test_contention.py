@@ -206,6 +206,37 @@ def test_copies_both_ways_are_one_steps_exposed_time(ingest: Ingest) -> None:
     assert f"{80 * US / 1e6:.2f} ms per step" in m.message
 
 
+def test_concurrent_copies_count_once(ingest: Ingest) -> None:
+    """A D2H [1020,1080) on its own stream beside the H2D [1000,1100); compute [1050,1100).
+    Per copy: H2D exposed 50, D2H exposed 30 ([1020,1050)), 80 in all. In wall-clock time
+    the copies cover [1000,1100), of which [1000,1050) has no compute: 50 µs, the finding's
+    figure (summing the copies said 80)."""
+    t = _trace()
+    t.memcpy(1020, 60, nbytes=1_000, direction="DtoH (Device -> Pinned)", stream=12)
+    res = contention.run(ingest(t))
+    assert int(res.tables["memcpy"]["exposed_ns"].sum()) == 80 * US
+    wall = one(res.tables["memcpy_steps"], rank=0, step=1)
+    assert (wall["copy_ns"], wall["exposed_ns"]) == (100 * US, 50 * US)
+    m = {f.code: f for f in res.findings}["CONTENTION_MEMCPY_EXPOSED"]
+    assert m.time_at_stake_ns == 50 * US
+
+
+def test_a_step_without_copies_counts(ingest: Ingest) -> None:
+    """Step 2 has compute and no copies: the rank's exposed copy time, 50 µs in step 1, is
+    25 µs per step over its two steps (not 50 over the one step that had copies)."""
+    t = _trace()
+    t.step(2, 1200, 2200)
+    t.kernel("gemm", 1300, 100, stream=7, args=BIG)
+    res = contention.run(ingest(t))
+    wall = res.tables["memcpy_steps"].sort("step")
+    assert wall.select("step", "copy_ns", "exposed_ns").rows() == [
+        (1, 100 * US, 50 * US),
+        (2, 0, 0),
+    ]
+    m = {f.code: f for f in res.findings}["CONTENTION_MEMCPY_EXPOSED"]
+    assert m.time_at_stake_ns == 25 * US
+
+
 def test_public_copies_per_step(shared_traces: Path, tmp_path: Path) -> None:
     """HTA's trace_diff test trace (rank 1, 6 steps, H2D and D2H copies in each): the finding's
     figure is all exposed copy time over the rank's steps, 14.787 ms / 6 = 2.4645 ms (worked

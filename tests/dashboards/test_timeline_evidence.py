@@ -212,3 +212,29 @@ def test_exposure_agrees_with_the_windows_exposed_segments(job: RunData) -> None
             assert sorted(outlined(hit)) == sorted(outlined(raw[CODES[0]])), (ranks, a, b)
             n += hit.height
     assert n > 0
+
+
+def test_a_copy_finding_outlines_copies_not_memsets(tmp_path: Path) -> None:
+    """CONTENTION_MEMCPY_EXPOSED is about H2D/D2H copies: its evidence is the copy [100, 400),
+    not the memset [500, 900) beside it (longer, so outlining 'the longest' memory event
+    would have shown it first)."""
+    t = KinetoTrace(rank=0, world_size=1)
+    t.step(1, 0, 1000)
+    t.memcpy(100, 300, nbytes=1 << 20, direction="HtoD (Pinned -> Device)", stream=11)
+    t.memset(500, 400, stream=7)
+    t.write(tmp_path / "raw" / "rank0.json")
+    load_traces([str(tmp_path / "raw")], tmp_path / "run.duckdb", workers=1)
+    data = RunData(tmp_path / "run.duckdb")
+    try:
+        off = offsets(data)[0]
+        cur = data.cursor()
+        try:
+            ext = data.extent()
+            win = tl.window(cur, ext, ext.t0_ns, ext.t1_ns, None)
+            got = evidence(cur, win, "CONTENTION_MEMCPY_EXPOSED", None, ext)
+        finally:
+            cur.close()
+    finally:
+        data.close()
+    assert win.mode == "events"
+    assert outlined(got) == [(0, ns(100) + off, ns(400) + off)]
