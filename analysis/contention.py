@@ -209,9 +209,9 @@ def _comm_finding(
     bad = comm.filter((pl.col("slowdown") > p.comm_slowdown_warn) & (pl.col("time_lost_ns") > 0))
     if bad.is_empty():
         return []
+    # the mean over (rank, step): comm classes are pooled over ranks, so no worst rank here
     n_rank_steps = max(by_step.height, 1) if not by_step.is_empty() else max(len(steps), 1)
-    ranks = int(comm["ranks"].max() or 1)  # type: ignore[arg-type]
-    lost = float(bad["time_lost_ns"].sum()) / n_rank_steps * ranks / max(ranks, 1)
+    lost = float(bad["time_lost_ns"].sum()) / n_rank_steps
     if lost <= floor:
         return []
     top = bad.sort("time_lost_ns", descending=True, maintain_order=True).row(0, named=True)
