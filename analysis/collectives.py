@@ -8,7 +8,9 @@ send/recv (n-1)/n; broadcast, reduce and a send/recv pair 1). Bytes are the full
 (all-gather output, reduce-scatter input). The peak is the theoretical per-direction link
 bandwidth of the GPU model (NVLink for SXM parts, else PCIe), or the network (25 GB/s per GPU
 assumed) when the group spans hosts; `peak_fraction` = busbw / peak. An instance is slow when
-its time exceeds `slow_factor` x the median of its group, op and size bucket.
+its time exceeds `slow_factor` x the median of its group, op and size bucket; the finding's
+time at stake is the worst rank's time per step beyond the median in the slow instances it took
+part in, a union per rank (`slow_by_rank`), not a sum over instances of different groups.
 
 Mismatched instances (a present member that never joined - the first suspect of a hang -,
 different ops or sizes, duplicates) are listed with their group, sequence number and ranks in
@@ -26,6 +28,7 @@ import polars as pl
 from ranklens.analysis._base import Finding, Result, Severity
 from ranklens.analysis._sql import apply_sql, query_pl
 from ranklens.analysis.run_profile import group_labels
+from ranklens.ingest.database import registered
 
 NAME = "collectives"
 VIEW_FILES: tuple[str, ...] = ("collectives",)  # its views, stored in the run (views.py)
@@ -93,15 +96,36 @@ def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     by_par = query_pl(con, "SELECT * FROM collectives_by_parallelism ORDER BY parallelism, op")
     steps = int(con.execute("SELECT count(DISTINCT step) FROM steps").fetchall()[0][0]) or 1
     names = group_labels(con)
-    findings = _mismatch(mism, names) + _slow(inst, steps, params, names)
+    excess = _excess(con, inst)
+    findings = _mismatch(mism, names) + _slow(inst, excess, steps, params, names)
     findings += _low(table, params, names)
     return Result(
         NAME,
         table,
         tuple(findings),
         params,
-        {"by_instance": inst, "mismatches": mism, "by_parallelism": by_par},
+        {
+            "by_instance": inst,
+            "mismatches": mism,
+            "by_parallelism": by_par,
+            "slow_by_rank": excess,
+        },
     )
+
+
+def _excess(con: duckdb.DuckDBPyConnection, inst: pl.DataFrame) -> pl.DataFrame:
+    """(rank, step, excess_ns): the union of the time each rank's slow instances ran beyond
+    their median (collectives_excess)."""
+    slow = inst.filter(pl.col("slow").fill_null(False)).select(
+        "instance_id",
+        (pl.col("time_ns") - pl.col("time_ns") / pl.col("time_vs_median"))
+        .cast(pl.Int64)
+        .alias("x"),
+    )
+    with registered(con, "_slow_instances", slow.to_arrow()):
+        return query_pl(
+            con, "SELECT * FROM collectives_excess('_slow_instances') ORDER BY rank, step"
+        )
 
 
 def _empty(table: pl.DataFrame) -> pl.DataFrame:
@@ -151,16 +175,24 @@ def _mismatch(mism: pl.DataFrame, names: dict[str, str]) -> list[Finding]:
     ]
 
 
-def _slow(inst: pl.DataFrame, steps: int, p: Params, names: dict[str, str]) -> list[Finding]:
-    if inst.is_empty():
-        return []
+def _slow(
+    inst: pl.DataFrame, by_rank: pl.DataFrame, steps: int, p: Params, names: dict[str, str]
+) -> list[Finding]:
+    """Time at stake: the worst rank's time per step beyond the median in its slow instances
+    (a union: collectives_excess says why not the sum over instances)."""
     bad = inst.filter(pl.col("slow").fill_null(False))
-    if bad.is_empty():
+    if bad.is_empty() or by_rank.is_empty():
         return []
-    excess = bad.with_columns(x=pl.col("time_ns") - pl.col("time_ns") / pl.col("time_vs_median"))
-    per_step = int(excess["x"].sum() / steps)
+    per = (
+        by_rank.group_by("rank")
+        .agg(pl.col("excess_ns").sum())
+        .sort(["excess_ns", "rank"], descending=[True, False])
+    )
+    top = per.row(0, named=True)
+    per_step = int(top["excess_ns"] / steps)
     if per_step < p.slow_warn_ns:
         return []
+    excess = bad.with_columns(x=pl.col("time_ns") - pl.col("time_ns") / pl.col("time_vs_median"))
     worst = excess.sort("x", descending=True, maintain_order=True).row(0, named=True)
     return [
         Finding(
@@ -168,7 +200,8 @@ def _slow(inst: pl.DataFrame, steps: int, p: Params, names: dict[str, str]) -> l
             severity=Severity.WARNING,
             message=(
                 f"{bad.height} collective instance(s) took over {p.slow_factor:g}x the median "
-                f"of their kind ({per_step / 1e6:.1f} ms per step beyond it); worst: "
+                f"of their kind; rank {top['rank']} spends {per_step / 1e6:.1f} ms per step "
+                f"in them beyond it; worst: "
                 f"{_name(names, worst['pg_name'])} {worst['op']} seq {worst['seq']}, "
                 f"{worst['time_ns'] / 1e6:.2f} ms vs median "
                 f"{worst['time_ns'] / worst['time_vs_median'] / 1e6:.2f} ms"
@@ -180,6 +213,7 @@ def _slow(inst: pl.DataFrame, steps: int, p: Params, names: dict[str, str]) -> l
                 "contention analysis"
             ),
             time_at_stake_ns=per_step,
+            ranks=tuple(int(r) for r in per.filter(pl.col("excess_ns") > 0)["rank"].sort()),
             steps=tuple(sorted({int(s) for s in bad["step"].drop_nulls()})),
             value=float(worst["time_vs_median"]),
             threshold=p.slow_factor,

@@ -1,3 +1,4 @@
+-- requires: intervals
 -- collectives: bandwidth of each matched collective instance and its aggregates, mismatches.
 -- Bytes per design.md: the full array (all-gather output, reduce-scatter input); n = group size.
 
@@ -79,6 +80,23 @@ SELECT instance_id, pg_name, parallelism, op, seq, step, n_ranks, group_size, sk
        CASE WHEN op <> 'p2p' THEN time_ns / nullif(median(time_ns) OVER (
          PARTITION BY pg_name, op, size_bucket), 0) END AS time_vs_median
 FROM c;
+
+-- collectives_excess(t): per rank and step, the time its slow instances ran beyond their
+-- median, as a union. t holds (instance_id, x): the slow instances and each one's excess
+-- x = time - median. On each member rank the excess is the last x ns of its op (its transfer
+-- ends the op; any wait for peers comes first). Why a union per rank, not a sum over
+-- instances: instances of different groups run at the same time on different ranks, and
+-- those of one rank can overlap (two streams); their sum is no rank's time and can exceed a
+-- step.
+CREATE OR REPLACE TEMP MACRO collectives_excess(t) AS TABLE
+WITH iv AS (
+  SELECT c.rank AS k, coalesce(c.step, -1) AS cls, greatest(c.end_ns - x.x, c.ts_ns) AS s,
+         c.end_ns AS e
+  FROM collectives c JOIN query_table(t) x USING (instance_id)
+  WHERE c.status IN ('matched', 'others_absent')
+)
+SELECT k AS rank, cls AS step, sum(e - s)::BIGINT AS excess_ns
+FROM interval_union('iv') GROUP BY ALL;
 
 -- Per group, op and size bucket (the main table).
 CREATE OR REPLACE TEMP VIEW collectives_by_op AS

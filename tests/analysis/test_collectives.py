@@ -91,6 +91,39 @@ def test_slow_instance_and_low_busbw(ingest: Ingest) -> None:
     assert "COLLECTIVE_BUSBW_LOW" in {f.code for f in res.findings}
 
 
+def test_slow_instances_of_two_groups_at_once_are_no_ranks_double_time(ingest: Ingest) -> None:
+    """Groups [0, 1] and [2, 3] each run ten 2 ms all-reduces and one of 20 ms, at the same
+    time: each of their ranks spends 18 ms beyond the median, [153, 171) ms. DP group [0, 2]
+    runs ten 2 ms all-reduces on another stream and one of 20 ms at [161, 181) ms, whose
+    excess [163, 181) overlaps the TP one by 8 ms: ranks 0 and 2 spend 18 + 18 - 8 = 28 ms.
+    At stake: the worst rank's 28 ms (summing the three instances said 54 ms, a figure no
+    rank spent, and one that grows with the number of groups)."""
+    tp = [PgConfig("1", [0, 1], "TENSOR_MODEL_PARALLEL_GROUP")]
+    tp += [PgConfig("2", [2, 3], "TENSOR_MODEL_PARALLEL_GROUP")]
+    dp = PgConfig("3", [0, 2], "DATA_PARALLEL_GROUP")
+    job = gpu_job(4, groups=[*tp, dp], step_us=1_000_000)
+    for k in range(11):
+        t0 = 1000 + 30_000 * k
+        dur = 20_000 if k == 5 else 2_000
+        for pg, ranks in (("1", (0, 1)), ("2", (2, 3))):
+            job.collective("all_reduce", dict.fromkeys(ranks, t0), t0 + dur, pg=pg)
+        # DP on stream 30: its slow one starts 10 ms after the slow TP ones
+        t1 = 500_000 + 30_000 * k if k != 5 else t0 + 10_000
+        job.collective("all_reduce", {0: t1, 2: t1}, t1 + dur, pg="3", nelems=1 << 22, stream=30)
+    res = collectives.run(ingest(job.traces))
+    assert res.tables["by_instance"]["slow"].sum() == 3
+    by_rank = res.tables["slow_by_rank"].sort("rank")
+    assert by_rank.select("rank", "excess_ns").rows() == [
+        (0, 28_000_000),
+        (1, 18_000_000),
+        (2, 28_000_000),
+        (3, 18_000_000),
+    ]
+    f = {f.code: f for f in res.findings}["COLLECTIVE_SLOW"]
+    assert f.time_at_stake_ns == 28_000_000 and f.ranks == (0, 1, 2, 3)
+    assert "rank 0 spends 28.0 ms per step in them beyond it" in f.message
+
+
 def test_hang_case_reported(ingest: Ingest) -> None:
     """Rank 3 of 4 never joins the last all-reduce: the instance is excluded from bandwidth
     and reported as the hang culprit."""
