@@ -56,6 +56,10 @@ def _check(con: duckdb.DuckDBPyConnection, name: str) -> None:
     if mem.height:  # exposed copy time of one direction within its step
         both = mem.join(steps, on=["rank", "step"], how="left")
         assert both.filter(pl.col("exposed_ns") > pl.col("w")).is_empty(), name
+    slow = rep.results["collectives"].tables["slow_by_rank"]
+    if slow.height:  # a rank's time beyond the median in slow collectives, within its step
+        both = slow.join(steps, on=["rank", "step"], how="left")
+        assert both.filter(pl.col("excess_ns") > pl.col("w")).is_empty(), name
     wall = rep.results["contention"].tables["memcpy_steps"]
     if wall.height:  # the copies' wall-clock time, and its exposed part, within the step
         both = wall.join(steps, on=["rank", "step"], how="left")
