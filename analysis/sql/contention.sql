@@ -199,28 +199,35 @@ SELECT name, coll_op, parallelism, nelems, dtype, count(*)::INTEGER AS ranks,
        list(rank ORDER BY rank) FILTER (WHERE matched) AS compared_ranks
 FROM m GROUP BY name, coll_op, parallelism, nelems, dtype;
 
--- H2D/D2H copies (activation offload) against the union of compute on the same device.
--- Algorithm: memcpys are few. A compute event of at most 1 ms that overlaps a memcpy starts in
--- the memcpy's 1 ms buckets or the one before, so an equi-join on (device, bucket) finds it (no
--- interval join over every kernel); longer events join by range. The clipped pieces are then
--- unioned per memcpy.
-CREATE OR REPLACE TEMP VIEW contention_memcpy AS
-WITH cp AS MATERIALIZED (
-  SELECT row_number() OVER (ORDER BY rank, dk, s, e) AS id, rank, step, dk, s, e, dur, bytes,
-         regexp_extract(name, 'Memcpy (\w+)', 1) AS direction
-  FROM _contention_ev WHERE kind = 'memcpy' AND regexp_matches(name, 'Memcpy (HtoD|DtoH)')
+-- contention_hidden(t): per interval of t (id, dk, s, e), the time compute ran beside it on
+-- the same device (dk), as a union. Algorithm: the intervals (copies) are few. A compute event
+-- of at most 1 ms that overlaps one starts in its 1 ms buckets or the one before, so an
+-- equi-join on (device, bucket) finds it (no interval join over every kernel); longer events
+-- join by range. The clipped pieces are then unioned per interval.
+CREATE OR REPLACE TEMP MACRO contention_hidden(t) AS TABLE
+WITH c AS (
+  SELECT id, dk, s, e FROM query_table(t)
 ), cb AS (
-  SELECT id, dk, s, e, unnest(range(s // 1000000 - 1, e // 1000000 + 1)) AS bk FROM cp
+  SELECT id, dk, s, e, unnest(range(s // 1000000 - 1, e // 1000000 + 1)) AS bk FROM c
 ), piece AS (
   SELECT c.id AS k, 0 AS cls, greatest(x.s, c.s) AS s, least(x.e, c.e) AS e
   FROM _contention_ev x JOIN cb c ON c.dk = x.dk AND c.bk = x.s // 1000000
   WHERE x.kind = 'compute' AND x.dur <= 1000000 AND x.s < c.e AND x.e > c.s
   UNION ALL
   SELECT c.id, 0, greatest(x.s, c.s), least(x.e, c.e)
-  FROM _contention_ev x JOIN cp c ON c.dk = x.dk AND x.s < c.e AND x.e > c.s
+  FROM _contention_ev x JOIN c ON c.dk = x.dk AND x.s < c.e AND x.e > c.s
   WHERE x.kind = 'compute' AND x.dur > 1000000
+)
+SELECT k AS id, sum(e - s) AS hidden FROM interval_union('piece') GROUP BY k;
+
+-- H2D/D2H copies (activation offload), each against the union of compute on its device.
+CREATE OR REPLACE TEMP VIEW contention_memcpy AS
+WITH cp AS MATERIALIZED (
+  SELECT row_number() OVER (ORDER BY rank, dk, s, e) AS id, rank, step, dk, s, e, dur, bytes,
+         regexp_extract(name, 'Memcpy (\w+)', 1) AS direction
+  FROM _contention_ev WHERE kind = 'memcpy' AND regexp_matches(name, 'Memcpy (HtoD|DtoH)')
 ), hid AS (
-  SELECT k AS id, sum(e - s) AS hidden FROM interval_union('piece') GROUP BY k
+  SELECT * FROM contention_hidden('cp')
 )
 SELECT rank, step, direction, count(*)::BIGINT AS copies, sum(bytes)::BIGINT AS bytes,
        sum(dur)::BIGINT AS copy_ns, coalesce(sum(hidden), 0)::BIGINT AS hidden_ns,
@@ -233,8 +240,7 @@ FROM cp LEFT JOIN hid USING (id) GROUP BY rank, step, direction;
 -- wall-clock time, not per-copy sums: copy_ns = the union of the copies; exposed_ns = the time
 -- of that union with no compute beside it on the same device. Why: an H2D and a D2H on two
 -- copy engines (or copies on several streams) run at the same time, and summing their per-copy
--- exposed time counts that time twice. Same 1 ms bucket join as above, over the copies'
--- islands instead of each copy.
+-- exposed time counts that time twice.
 CREATE OR REPLACE TEMP VIEW contention_memcpy_steps AS
 WITH iv AS (
   SELECT dk AS k, step AS cls, s, e
@@ -243,18 +249,8 @@ WITH iv AS (
   SELECT row_number() OVER (ORDER BY k, cls, s) AS id, k AS dk, cls AS step, s, e,
          e - s AS dur
   FROM interval_union('iv')
-), cb AS (
-  SELECT id, dk, s, e, unnest(range(s // 1000000 - 1, e // 1000000 + 1)) AS bk FROM isl
-), piece AS (
-  SELECT c.id AS k, 0 AS cls, greatest(x.s, c.s) AS s, least(x.e, c.e) AS e
-  FROM _contention_ev x JOIN cb c ON c.dk = x.dk AND c.bk = x.s // 1000000
-  WHERE x.kind = 'compute' AND x.dur <= 1000000 AND x.s < c.e AND x.e > c.s
-  UNION ALL
-  SELECT c.id, 0, greatest(x.s, c.s), least(x.e, c.e)
-  FROM _contention_ev x JOIN isl c ON c.dk = x.dk AND x.s < c.e AND x.e > c.s
-  WHERE x.kind = 'compute' AND x.dur > 1000000
 ), hid AS (
-  SELECT k AS id, sum(e - s) AS hidden FROM interval_union('piece') GROUP BY k
+  SELECT * FROM contention_hidden('isl')
 ), rk AS (
   SELECT DISTINCT dk, rank FROM _contention_ev WHERE kind = 'memcpy'
 ), per AS (
