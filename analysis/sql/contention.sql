@@ -237,10 +237,10 @@ SELECT rank, step, direction, count(*)::BIGINT AS copies, sum(bytes)::BIGINT AS 
 FROM cp LEFT JOIN hid USING (id) GROUP BY rank, step, direction;
 
 -- One row per step of each rank with H2D/D2H copies (zeros in its steps without any), in
--- wall-clock time, not per-copy sums: copy_ns = the union of the copies; exposed_ns = the time
--- of that union with no compute beside it on the same device. Why: an H2D and a D2H on two
--- copy engines (or copies on several streams) run at the same time, and summing their per-copy
--- exposed time counts that time twice.
+-- wall-clock time, not sums over the copies: copy_ns = the union of the copies; exposed_ns =
+-- the time of that union with no compute beside it on the same device. Why: an H2D and a D2H
+-- on two DMA engines (or copies on several streams) run at the same time, and summing each
+-- one's exposed time counts that time twice.
 CREATE OR REPLACE TEMP VIEW contention_memcpy_steps AS
 WITH iv AS (
   SELECT dk AS k, step AS cls, s, e
