@@ -96,8 +96,12 @@ def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     by_par = query_pl(con, "SELECT * FROM collectives_by_parallelism ORDER BY parallelism, op")
     steps = int(con.execute("SELECT count(DISTINCT step) FROM steps").fetchall()[0][0]) or 1
     names = group_labels(con)
-    excess = _excess(con, inst)
-    findings = _mismatch(mism, names) + _slow(inst, excess, steps, params, names)
+    # the slow instances, each with its time beyond the median (x)
+    bad = inst.filter(pl.col("slow").fill_null(False)).with_columns(
+        x=pl.col("time_ns") - pl.col("time_ns") / pl.col("time_vs_median")
+    )
+    excess = _excess(con, bad)
+    findings = _mismatch(mism, names) + _slow(bad, excess, steps, params, names)
     findings += _low(table, params, names)
     return Result(
         NAME,
@@ -113,15 +117,10 @@ def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     )
 
 
-def _excess(con: duckdb.DuckDBPyConnection, inst: pl.DataFrame) -> pl.DataFrame:
-    """(rank, step, excess_ns): the union of the time each rank's slow instances ran beyond
-    their median (collectives_excess)."""
-    slow = inst.filter(pl.col("slow").fill_null(False)).select(
-        "instance_id",
-        (pl.col("time_ns") - pl.col("time_ns") / pl.col("time_vs_median"))
-        .cast(pl.Int64)
-        .alias("x"),
-    )
+def _excess(con: duckdb.DuckDBPyConnection, bad: pl.DataFrame) -> pl.DataFrame:
+    """(rank, step, excess_ns): the union of the time each rank's slow instances (`bad`) ran
+    beyond their median (collectives_excess)."""
+    slow = bad.select("instance_id", pl.col("x").cast(pl.Int64))
     with registered(con, "_slow_instances", slow.to_arrow()):
         return query_pl(
             con, "SELECT * FROM collectives_excess('_slow_instances') ORDER BY rank, step"
@@ -176,11 +175,10 @@ def _mismatch(mism: pl.DataFrame, names: dict[str, str]) -> list[Finding]:
 
 
 def _slow(
-    inst: pl.DataFrame, by_rank: pl.DataFrame, steps: int, p: Params, names: dict[str, str]
+    bad: pl.DataFrame, by_rank: pl.DataFrame, steps: int, p: Params, names: dict[str, str]
 ) -> list[Finding]:
     """Time at stake: the worst rank's time per step beyond the median in its slow instances
     (a union: collectives_excess says why not the sum over instances)."""
-    bad = inst.filter(pl.col("slow").fill_null(False))
     if bad.is_empty() or by_rank.is_empty():
         return []
     per = (
@@ -192,8 +190,7 @@ def _slow(
     per_step = int(top["excess_ns"] / steps)
     if per_step < p.slow_warn_ns:
         return []
-    excess = bad.with_columns(x=pl.col("time_ns") - pl.col("time_ns") / pl.col("time_vs_median"))
-    worst = excess.sort("x", descending=True, maintain_order=True).row(0, named=True)
+    worst = bad.sort("x", descending=True, maintain_order=True).row(0, named=True)
     return [
         Finding(
             code="COLLECTIVE_SLOW",

@@ -52,21 +52,17 @@ def _check(con: duckdb.DuckDBPyConnection, name: str) -> None:
         for col in (c for c in df.columns if c.endswith("_ns") and c not in NOT_TIME):
             over = df.filter((pl.col(col) > pl.col("window_ns")) | (pl.col(col) < 0))
             assert over.is_empty(), (name, mod, key, col, over.head(3).to_dicts())
-    mem = rep.results["contention"].tables["memcpy"]
-    if mem.height:  # exposed copy time of one direction within its step
-        both = mem.join(steps, on=["rank", "step"], how="left")
-        assert both.filter(pl.col("exposed_ns") > pl.col("w")).is_empty(), name
-    slow = rep.results["collectives"].tables["slow_by_rank"]
-    if slow.height:  # a rank's time beyond the median in slow collectives, within its step
-        both = slow.join(steps, on=["rank", "step"], how="left")
-        assert both.filter(pl.col("excess_ns") > pl.col("w")).is_empty(), name
-    wall = rep.results["contention"].tables["memcpy_steps"]
-    if wall.height:  # the copies' wall-clock time, and its exposed part, within the step
-        both = wall.join(steps, on=["rank", "step"], how="left")
-        bad = both.filter(
-            (pl.col("copy_ns") > pl.col("w")) | (pl.col("exposed_ns") > pl.col("copy_ns"))
-        )
-        assert bad.is_empty(), (name, bad.head(3).to_dicts())
+    # per (rank, step) tables without a window column, against the step
+    for mod, key, col in (
+        ("contention", "memcpy", "exposed_ns"),  # one direction's exposed copy time
+        ("contention", "memcpy_steps", "copy_ns"),  # the copies' wall-clock time
+        ("collectives", "slow_by_rank", "excess_ns"),  # time beyond the median, slow colls
+    ):
+        df = rep.results[mod].tables[key].join(steps, on=["rank", "step"], how="left")
+        over = df.filter(pl.col(col) > pl.col("w"))
+        assert over.is_empty(), (name, mod, key, col, over.head(3).to_dicts())
+    wall = rep.results["contention"].tables["memcpy_steps"]  # its exposed part within it
+    assert wall.filter(pl.col("exposed_ns") > pl.col("copy_ns")).is_empty(), name
     for f in rep.findings:
         assert 0 <= f.time_at_stake_ns <= longest, (name, f.code, f.time_at_stake_ns, longest)
         assert f.saving_ns is None or f.saving_ns <= longest, (name, f.code, f.saving_ns)

@@ -220,12 +220,15 @@ WITH c AS (
 )
 SELECT k AS id, sum(e - s) AS hidden FROM interval_union('piece') GROUP BY k;
 
--- H2D/D2H copies (activation offload), each against the union of compute on its device.
+-- The H2D/D2H copies (activation offload, input batches) with their direction.
+CREATE OR REPLACE TEMP VIEW _contention_copies AS
+SELECT rank, step, dk, s, e, dur, bytes, regexp_extract(name, 'Memcpy (\w+)', 1) AS direction
+FROM _contention_ev WHERE kind = 'memcpy' AND regexp_matches(name, 'Memcpy (HtoD|DtoH)');
+
+-- Every one of those copies against the union of compute on its device.
 CREATE OR REPLACE TEMP VIEW contention_memcpy AS
 WITH cp AS MATERIALIZED (
-  SELECT row_number() OVER (ORDER BY rank, dk, s, e) AS id, rank, step, dk, s, e, dur, bytes,
-         regexp_extract(name, 'Memcpy (\w+)', 1) AS direction
-  FROM _contention_ev WHERE kind = 'memcpy' AND regexp_matches(name, 'Memcpy (HtoD|DtoH)')
+  SELECT row_number() OVER (ORDER BY rank, dk, s, e) AS id, * FROM _contention_copies
 ), hid AS (
   SELECT * FROM contention_hidden('cp')
 )
@@ -242,9 +245,10 @@ FROM cp LEFT JOIN hid USING (id) GROUP BY rank, step, direction;
 -- on two DMA engines (or copies on several streams) run at the same time, and summing each
 -- one's exposed time counts that time twice.
 CREATE OR REPLACE TEMP VIEW contention_memcpy_steps AS
-WITH iv AS (
-  SELECT dk AS k, step AS cls, s, e
-  FROM _contention_ev WHERE kind = 'memcpy' AND regexp_matches(name, 'Memcpy (HtoD|DtoH)')
+WITH cp AS MATERIALIZED (
+  SELECT rank, step, dk, s, e FROM _contention_copies
+), iv AS (
+  SELECT dk AS k, step AS cls, s, e FROM cp
 ), isl AS MATERIALIZED (
   SELECT row_number() OVER (ORDER BY k, cls, s) AS id, k AS dk, cls AS step, s, e,
          e - s AS dur
@@ -252,7 +256,7 @@ WITH iv AS (
 ), hid AS (
   SELECT * FROM contention_hidden('isl')
 ), rk AS (
-  SELECT DISTINCT dk, rank FROM _contention_ev WHERE kind = 'memcpy'
+  SELECT DISTINCT dk, rank FROM cp
 ), per AS (
   SELECT rank, step, sum(dur) AS copy_ns, sum(dur) - coalesce(sum(hidden), 0) AS exposed_ns
   FROM isl JOIN rk USING (dk) LEFT JOIN hid USING (id) GROUP BY rank, step
