@@ -10,7 +10,8 @@ bandwidth of the GPU model (NVLink for SXM parts, else PCIe), or the network (25
 assumed) when the group spans hosts; `peak_fraction` = busbw / peak. An instance is slow when
 its time exceeds `slow_factor` x the median of its group, op and size bucket; the finding's
 time at stake is the worst rank's time per step beyond the median in the slow instances it took
-part in, a union per rank (`slow_by_rank`), not a sum over instances of different groups.
+part in, a union per rank (`slow_by_rank`), not a sum over instances of different groups;
+only matched instances count (one whose peers are not in the run includes its waits).
 
 Mismatched instances (a present member that never joined - the first suspect of a hang -,
 different ops or sizes, duplicates) are listed with their group, sequence number and ranks in
@@ -96,8 +97,9 @@ def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     by_par = query_pl(con, "SELECT * FROM collectives_by_parallelism ORDER BY parallelism, op")
     steps = int(con.execute("SELECT count(DISTINCT step) FROM steps").fetchall()[0][0]) or 1
     names = group_labels(con)
-    # the slow instances, each with its time beyond the median (x)
-    bad = inst.filter(pl.col("slow").fill_null(False)).with_columns(
+    # the slow instances the finding rests on, each with its time beyond the median (x): only
+    # matched ones (skew_free); a rank whose peers are not in the run timed its waits too
+    bad = inst.filter(pl.col("slow").fill_null(False) & pl.col("skew_free")).with_columns(
         x=pl.col("time_ns") - pl.col("time_ns") / pl.col("time_vs_median")
     )
     excess = _excess(con, bad)

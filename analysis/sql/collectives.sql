@@ -93,7 +93,6 @@ WITH iv AS (
   SELECT c.rank AS k, coalesce(c.step, -1) AS cls, greatest(c.end_ns - x.x, c.ts_ns) AS s,
          c.end_ns AS e
   FROM collectives c JOIN query_table(t) x USING (instance_id)
-  WHERE c.status IN ('matched', 'others_absent')
 )
 SELECT k AS rank, cls AS step, sum(e - s)::BIGINT AS excess_ns
 FROM interval_union('iv') GROUP BY ALL;

@@ -124,6 +124,21 @@ def test_slow_instances_of_two_groups_at_once_are_no_ranks_double_time(ingest: I
     assert "rank 0 spends 28.0 ms per step in them beyond it" in f.message
 
 
+def test_a_slow_instance_whose_peers_are_absent_is_no_finding(ingest: Ingest) -> None:
+    """Rank 0 of a 2-rank group, traced alone: its 20 ms all-reduce among 2 ms ones is flagged
+    slow in the table, but its duration includes waiting for a peer the run does not hold,
+    so COLLECTIVE_SLOW does not rest on it."""
+    job = gpu_job(2)
+    for k in range(11):
+        t0 = 1000 + 30_000 * k
+        job.collective("all_reduce", {0: t0, 1: t0}, t0 + (20_000 if k == 5 else 2_000))
+    res = collectives.run(ingest(job.traces[:1]))
+    inst = res.tables["by_instance"]
+    assert not inst["skew_free"].any() and inst.filter(pl.col("slow"))["seq"].to_list() == [5]
+    assert "COLLECTIVE_SLOW" not in {f.code for f in res.findings}
+    assert res.tables["slow_by_rank"].is_empty()
+
+
 def test_hang_case_reported(ingest: Ingest) -> None:
     """Rank 3 of 4 never joins the last all-reduce: the instance is excluded from bandwidth
     and reported as the hang culprit."""
