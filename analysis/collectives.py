@@ -11,7 +11,8 @@ assumed) when the group spans hosts; `peak_fraction` = busbw / peak. An instance
 its time exceeds `slow_factor` x the median of its group, op and size bucket; the finding's
 time at stake is the worst rank's time per step beyond the median in the slow instances it took
 part in, a union per rank (`slow_by_rank`), not a sum over instances of different groups;
-only matched instances count (one whose peers are not in the run includes its waits).
+only matched instances count (one whose peers are not in the run includes its waits). Its
+window is the worst instance, so its timeline link lands there, not on its first step.
 
 Mismatched instances (a present member that never joined - the first suspect of a hang -,
 different ops or sizes, duplicates) are listed with their group, sequence number and ranks in
@@ -214,10 +215,18 @@ def _slow(
             time_at_stake_ns=per_step,
             ranks=tuple(int(r) for r in per.filter(pl.col("excess_ns") > 0)["rank"].sort()),
             steps=tuple(sorted({int(s) for s in bad["step"].drop_nulls()})),
+            window_ns=_around(int(worst["start_ns"]), int(worst["end_ns"])),
             value=float(worst["time_vs_median"]),
             threshold=p.slow_factor,
         )
     ]
+
+
+def _around(start: int, end: int) -> tuple[int, int]:
+    """The worst instance with half its length either side: the timeline link lands on it
+    (not on the first step, which may hold none) and shows what ran around it."""
+    pad = (end - start) // 2
+    return start - pad, end + pad
 
 
 def _low(table: pl.DataFrame, p: Params, names: dict[str, str]) -> list[Finding]:

@@ -43,13 +43,16 @@ CASE WHEN b IS NULL THEN 'unknown' WHEN b < 65536 THEN '<64KiB' WHEN b < 1048576
 -- Hosts: a group spans hosts when its ranks name different hosts; when hosts are unknown, a
 -- group of up to 8 GPUs is taken as one host's. time_vs_median compares an instance with the
 -- median of its group, op and size bucket (p2p excluded: its time includes pipeline waits).
+-- start_ns, end_ns: the instance's span on the job clock (first start, last end of its ranks),
+-- where the timeline shows it.
 CREATE OR REPLACE TEMP VIEW collectives_by_instance AS
 WITH r AS (
-  SELECT rank, host, device_name, has_gpu FROM ranks
+  SELECT rank, host, device_name, has_gpu, coalesce(clock_offset_ns, 0) AS off FROM ranks
 ), i AS (
   SELECT c.instance_id, any_value(c.pg_name) AS pg_name,
          CASE WHEN count(DISTINCT c.op) > 1 THEN 'p2p' ELSE any_value(c.op) END AS op,
          any_value(c.seq) AS seq, min(c.step) AS step, count(*) AS n_ranks,
+         min(c.ts_ns + r.off) AS start_ns, max(c.end_ns + r.off) AS end_ns,
          bool_and(c.status = 'matched') AND count(*) > 1 AS skew_free,
          max(c.group_size) AS group_size, max(c.bytes) AS bytes, any_value(c.dtype) AS dtype,
          min(c.end_ns - c.ts_ns) AS time_ns, max(c.end_ns - c.ts_ns) AS max_dur_ns,
@@ -71,7 +74,8 @@ WITH r AS (
                         WHEN 'host' THEN NULL ELSE nvlink_gbps END AS peak_gbps
   FROM b
 )
-SELECT instance_id, pg_name, parallelism, op, seq, step, n_ranks, group_size, skew_free, bytes,
+SELECT instance_id, pg_name, parallelism, op, seq, step, start_ns, end_ns, n_ranks, group_size,
+       skew_free, bytes,
        dtype, size_bucket, time_ns, max_dur_ns, algbw_gbps,
        algbw_gbps * collectives_busbw_factor(op, group_size) AS busbw_gbps,
        link, peak_gbps,

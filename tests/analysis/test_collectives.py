@@ -85,6 +85,11 @@ def test_slow_instance_and_low_busbw(ingest: Ingest) -> None:
     assert row["slow_instances"] == 1 and row["instances"] == 11
     codes = {f.code: f for f in res.findings}
     assert codes["COLLECTIVE_SLOW"].time_at_stake_ns == 18_000_000
+    # the link lands on the slow one, [151, 171) ms (the first starts at 1 ms), with half its
+    # length either side
+    t = int(inst["start_ns"].min()) - 1_000_000
+    w = codes["COLLECTIVE_SLOW"].window_ns
+    assert w is not None and (w[0] - t, w[1] - t) == (141_000_000, 181_000_000)
     # busbw = 256 MiB / 2 ms x 2(2-1)/2 = 134 GB/s: 30% of 450
     assert "COLLECTIVE_BUSBW_LOW" not in codes
     res = collectives.run(con, collectives.Params(low_busbw_fraction=0.5))

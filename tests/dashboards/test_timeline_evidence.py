@@ -15,9 +15,10 @@ The hidden ones are the longest comm events, so outlining "the longest" shows th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 import polars as pl
 import pytest
@@ -26,6 +27,8 @@ from ranklens.analysis import timeline as tl
 from ranklens.dashboards import data as dd
 from ranklens.dashboards import timeline_view as tv
 from ranklens.dashboards.data import RunData, evidence
+from ranklens.dashboards.figures import MS
+from ranklens.dashboards.pages import findings
 from ranklens.ingest import load_traces
 from ranklens.sample_traces.gpu_job import GpuJob
 
@@ -238,3 +241,44 @@ def test_a_copy_finding_outlines_copies_not_memsets(tmp_path: Path) -> None:
         data.close()
     assert win.mode == "events"
     assert outlined(got) == [(0, ns(100) + off, ns(400) + off)]
+
+
+def test_the_slow_collective_link_lands_on_its_worst_instance(
+    sample_db: Callable[[str], Path],
+) -> None:
+    """On the demo run the worst slow collective is not in the finding's first step (the old
+    link showed step 2 only): the link opens a window around it that outlines it on its ranks
+    (the instance is read from the collectives table, not from the finding)."""
+    data = RunData(sample_db("megatron_tp2_pp2_dp2"))
+    try:
+        f = next(f for f in data.report().findings if f.code == "COLLECTIVE_SLOW")
+        res = data.result("collectives")
+        assert res is not None
+        worst = (
+            res.tables["by_instance"]
+            .filter(pl.col("slow") & pl.col("skew_free"))
+            .with_columns(x=pl.col("time_ns") - pl.col("time_ns") / pl.col("time_vs_median"))
+            .sort("x", descending=True)
+            .row(0, named=True)
+        )
+        assert f"seq {worst['seq']}," in f.message
+        q = parse_qs(urlparse(findings.timeline_link(data, f)).query)
+        ext = data.extent()
+        start, end = (ext.t0_ns + round(float(q[k][0]) * MS) for k in ("start", "end"))
+        ranks = [int(r) for r in q["rank"][0].split(",")]
+        cur = data.cursor()
+        try:
+            want = cur.execute(
+                """SELECT c.rank, c.ts_ns + coalesce(r.clock_offset_ns, 0),
+                          c.end_ns + coalesce(r.clock_offset_ns, 0)
+                   FROM collectives c JOIN ranks r USING (rank) WHERE instance_id = ?""",
+                [worst["instance_id"]],
+            ).fetchall()
+            win = tl.window(cur, ext, start, end, ranks)
+            got = outlined(evidence(cur, win, f.code, ranks, ext))
+        finally:
+            cur.close()
+    finally:
+        data.close()
+    assert len(want) == 2 and start < min(w[1] for w in want) < max(w[2] for w in want) < end
+    assert {tuple(w) for w in want} <= set(got), (want, got[:5])
