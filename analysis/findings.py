@@ -22,14 +22,10 @@ def _dp_into_bubbles(results: dict[str, Result]) -> list[Finding]:
     pipe, ov = results.get("pipeline"), results.get("overlap")
     if pipe is None or ov is None or pipe.table.is_empty():
         return []
-    par = ov.tables.get("by_parallelism")
-    if par is None or par.is_empty():
+    dp = ov.tables.get("dp_by_step")  # DP and DP_SHARD as one union, not a sum
+    if dp is None or dp.is_empty():
         return []
-    dp = (
-        par.filter(pl.col("parallelism").is_in(["DP", "DP_SHARD"]))
-        .group_by("rank", "step")
-        .agg(pl.col("exposed_ns").sum().alias("dp_exposed_ns"))
-    )
+    dp = dp.select("rank", "step", pl.col("exposed_ns").alias("dp_exposed_ns"))
     both = pipe.table.select("rank", "step", "stage", "bubble_ns", "window_ns").join(
         dp, on=["rank", "step"], how="inner"
     )

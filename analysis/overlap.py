@@ -50,20 +50,21 @@ class Params:
 
 def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     """Compute overlap per step, per rank, per group/op and per parallelism."""
-    table, by_rank, by_group, by_par = _activity.read(
+    table, by_rank, by_group, by_par, dp = _activity.read(
         con,
         "overlap",
         "SELECT * FROM overlap_by_step ORDER BY rank, step",
         "SELECT * FROM overlap_by_rank ORDER BY rank",
         "SELECT * FROM overlap_by_group ORDER BY rank, step, pg_name, coll_op",
         "SELECT * FROM overlap_by_parallelism ORDER BY rank, step, parallelism",
+        "SELECT * FROM overlap_dp_by_step ORDER BY rank, step",
     )
     return Result(
         NAME,
         table,
         tuple(_findings(by_rank, by_par, params)),
         params,
-        {"by_rank": by_rank, "by_group": by_group, "by_parallelism": by_par},
+        {"by_rank": by_rank, "by_group": by_group, "by_parallelism": by_par, "dp_by_step": dp},
     )
 
 

@@ -58,3 +58,15 @@ SELECT c.rank, c.step, c.parallelism,
          AS exposed_share
 FROM _activity_par_cov c JOIN _activity_windows w USING (rank, step)
 GROUP BY c.rank, c.step, c.parallelism;
+
+-- Data-parallel communication as one: DP and DP_SHARD together (HSDP's replicate all-reduce and
+-- shard reduce-scatter run on streams of their own and can run at once; their exposed times
+-- do not add up). Per (rank, step), only where it has any.
+CREATE OR REPLACE TEMP VIEW overlap_dp_by_step AS
+WITH t AS MATERIALIZED (
+  SELECT rank, step, device, 'DP' AS key, s, e FROM _activity_comm
+  WHERE parallelism IN ('DP', 'DP_SHARD')
+)
+SELECT rank, step, sum(dur) FILTER (WHERE mask & 2 <> 0)::BIGINT AS comm_ns,
+       coalesce(sum(dur) FILTER (WHERE mask = 2), 0)::BIGINT AS exposed_ns
+FROM _activity_key_cov('t') GROUP BY rank, step;

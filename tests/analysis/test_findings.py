@@ -6,11 +6,16 @@ and which rank it names must not depend on the order polars' group_by happens to
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import duckdb
 import polars as pl
-from ranklens.analysis import Result
+from kineto_builder import KinetoTrace, PgConfig
+from ranklens.analysis import Result, overlap
 from ranklens.analysis.findings import derive
 
 MS = 1_000_000
+US = 1_000
 
 
 def _results(rows: list[tuple[int, int, int, int, int, int]]) -> dict[str, Result]:
@@ -20,20 +25,20 @@ def _results(rows: list[tuple[int, int, int, int, int, int]]) -> dict[str, Resul
         schema=["rank", "stage", "step", "bubble_ns", "window_ns"],
         orient="row",
     )
-    par = pl.DataFrame(
-        [(r, s, p, x) for r, _, s, _, _, dp in rows for p, x in (("DP", dp), ("TP", 7 * MS))],
-        schema=["rank", "step", "parallelism", "exposed_ns"],
+    dp = pl.DataFrame(
+        [(r, s, dp) for r, _, s, _, _, dp in rows],
+        schema=["rank", "step", "exposed_ns"],
         orient="row",
     )
     return {
         "pipeline": Result("pipeline", pipe),
-        "overlap": Result("overlap", pl.DataFrame(), tables={"by_parallelism": par}),
+        "overlap": Result("overlap", pl.DataFrame(), tables={"dp_by_step": dp}),
     }
 
 
 def test_dp_into_bubbles_by_hand() -> None:
     # rank 3: dp 4 and 6 ms (mean 5), bubble 10 ms, window 100 ms -> movable min(5, 10) = 5 ms
-    # rank 1: dp 20 ms, bubble 2 ms -> movable 2 ms. TP's exposed time is not DP's.
+    # rank 1: dp 20 ms, bubble 2 ms -> movable 2 ms.
     res = _results(
         [
             (1, 0, 0, 2 * MS, 100 * MS, 20 * MS),
@@ -48,6 +53,37 @@ def test_dp_into_bubbles_by_hand() -> None:
     assert f.value == 0.05
     assert "stage 1 (rank 3)" in f.message and "5.00 ms" in f.message
     assert set(f.ranks) == {1, 3} and f.steps == (0, 1)
+
+
+def test_dp_into_bubbles_takes_dp_and_dp_shard_as_one_union(
+    ingest: Callable[..., duckdb.DuckDBPyConnection],
+) -> None:
+    """HSDP rank 0: its shard reduce-scatter [300, 500) and replicate all-reduce [400, 600) run
+    on two streams with no compute beside them. Each is exposed 200 µs (by_parallelism), but
+    the rank waits 300 µs on data-parallel communication, not 400: the finding's DP time."""
+    groups = [PgConfig("1", [0, 1], "mesh_dp_shard"), PgConfig("2", [0, 2], "mesh_dp_replicate")]
+    t = KinetoTrace(rank=0, world_size=4, pg_config=groups)
+    t.step(1, 0, 1000)
+    t.kernel("gemm", 100, 100, stream=7)
+    for g, op, start, stream in (
+        (groups[0], "ReduceScatter", 300, 10),
+        (groups[1], "AllReduce", 400, 11),
+    ):
+        t.nccl(
+            op, start, 200, stream=stream, pg_name=g.pg_name, pg_desc=g.pg_desc, pg_ranks=g.ranks
+        )
+    ov = overlap.run(ingest(t))
+    par = ov.tables["by_parallelism"].sort("parallelism")
+    assert par.select("parallelism", "exposed_ns").rows() == [
+        ("DP", 200 * US),
+        ("DP_SHARD", 200 * US),
+    ]
+    assert ov.tables["dp_by_step"].select("rank", "step", "exposed_ns").rows() == [(0, 1, 300 * US)]
+    pipe = pl.DataFrame(
+        {"rank": [0], "stage": [0], "step": [1], "bubble_ns": [500 * US], "window_ns": [1000 * US]}
+    )
+    (f,) = derive({"pipeline": Result("pipeline", pipe), "overlap": ov})
+    assert f.time_at_stake_ns == 300 * US and "0.30 ms per step in exposed DP" in f.message
 
 
 def test_dp_into_bubbles_names_the_lowest_rank_on_a_tie() -> None:
