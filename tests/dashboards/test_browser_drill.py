@@ -71,6 +71,22 @@ def event_starts(browser: Any) -> list[list[Any]]:
 
 
 def test_every_finding_lands_on_its_evidence(browser: Any, app: LiveApp) -> None:
+    every_finding_lands(browser, app)
+
+
+def test_every_demo_finding_lands_on_its_evidence(
+    browser: Any, sample_db: Callable[[str], Path], live_app: Callable[[Path], LiveApp]
+) -> None:
+    """The demo run: pipeline findings with windows, and COLLECTIVE_SLOW, whose link is a window
+    around its worst instance outside the finding's first step (a link with no step)."""
+    demo = live_app(sample_db("megatron_tp2_pp2_dp2"))
+    codes = {f.code for f in demo.data.report().findings}
+    assert {"COLLECTIVE_SLOW", "PIPELINE_BUBBLE_SCHEDULE"} <= codes
+    every_finding_lands(browser, demo)
+
+
+def every_finding_lands(browser: Any, app: LiveApp) -> None:
+    """Each finding's link opens its ranks, step and window, with its evidence outlined."""
     findings = app.data.report().findings
     assert findings
     open_page(browser, app.url("/findings"), ".finding-timeline-link")
@@ -87,16 +103,20 @@ def test_every_finding_lands_on_its_evidence(browser: Any, app: LiveApp) -> None
         assert q["hl"] == f.code
         if f.ranks:
             assert q["rank"] == ",".join(map(str, f.ranks)), (f.code, href)
-        step = int(q["step"])
-        assert step in (f.steps or sw["step"].to_list())
-        # the window is that step's on the finding's ranks, inside the finding's own window
-        # (COLLECTIVE_SLOW's: its worst instance)
-        w = sw.filter(pl.col("step") == step)
-        if f.ranks:
-            w = w.filter(pl.col("rank").is_in(list(f.ranks)))
-        lo, hi = int(w["start_ns"].min()), int(w["end_ns"].max())  # type: ignore[arg-type]
-        if f.window_ns is not None:
-            lo, hi = max(lo, f.window_ns[0]), min(hi, f.window_ns[1])
+        if "step" in q:
+            step = int(q["step"])
+            assert step in (f.steps or sw["step"].to_list())
+            # the window is that step's on the finding's ranks, inside the finding's own
+            # window (COLLECTIVE_SLOW's: around its worst instance)
+            w = sw.filter(pl.col("step") == step)
+            if f.ranks:
+                w = w.filter(pl.col("rank").is_in(list(f.ranks)))
+            lo, hi = int(w["start_ns"].min()), int(w["end_ns"].max())  # type: ignore[arg-type]
+            if f.window_ns is not None:
+                lo, hi = max(lo, f.window_ns[0]), min(hi, f.window_ns[1])
+        else:  # the finding's window lies outside its first step: the window alone
+            assert f.window_ns is not None, f.code
+            lo, hi = f.window_ns
         start, end = float(q["start"]), float(q["end"])
         assert start == pytest.approx((lo - t0) / MS, abs=1e-3)
         assert end == pytest.approx((hi - t0) / MS, abs=1e-3)
@@ -105,7 +125,8 @@ def test_every_finding_lands_on_its_evidence(browser: Any, app: LiveApp) -> None
         assert f"window {start:.3f}" in text(browser, "#timeline-label")
         fig = plot(browser, "timeline-graph")
         assert fig["xrange"] == pytest.approx([start, end], abs=1e-3)
-        assert text(browser, "#timeline-step").strip() == q["step"]  # the menu names it
+        if "step" in q:
+            assert text(browser, "#timeline-step").strip() == q["step"]  # the menu names it
         if f.ranks:
             assert {t.split(" ")[0] for t in fig["yticks"]} == {f"r{r}" for r in f.ranks}
         assert query_of(browser.current_url)["hl"] == f.code  # the address keeps it
