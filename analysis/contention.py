@@ -99,6 +99,11 @@ def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
             "ORDER BY time_lost_ns DESC NULLS LAST, name, coll_op, parallelism, nelems, dtype",
             [params.min_overlap, params.min_runs],
         )
+        comm_steps = query_pl(
+            con,
+            "SELECT * FROM contention_comm_steps(?, ?, ?) ORDER BY rank, step",
+            [params.min_overlap, params.min_runs, params.comm_slowdown_warn],
+        )
         memcpy = query_pl(con, "SELECT * FROM contention_memcpy ORDER BY rank, step, direction")
         copy_steps = query_pl(con, "SELECT * FROM contention_memcpy_steps ORDER BY rank, step")
     step_ns = con.execute("SELECT avg(end_ns - start_ns) FROM steps").fetchall()[0][0]
@@ -106,9 +111,17 @@ def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     return Result(
         NAME,
         table.select(list(COLUMNS)),
-        tuple(_findings(table, by_step, comm, (memcpy, copy_steps), mean_step, params)),
+        tuple(
+            _findings(table, by_step, (comm, comm_steps), (memcpy, copy_steps), mean_step, params)
+        ),
         params,
-        {"by_step": by_step, "comm": comm, "memcpy": memcpy, "memcpy_steps": copy_steps},
+        {
+            "by_step": by_step,
+            "comm": comm,
+            "comm_steps": comm_steps,
+            "memcpy": memcpy,
+            "memcpy_steps": copy_steps,
+        },
     )
 
 
@@ -139,7 +152,7 @@ def _finding(code: str, lost: float, floor: float, **kw: Any) -> Finding:
 def _findings(
     table: pl.DataFrame,
     by_step: pl.DataFrame,
-    comm: pl.DataFrame,
+    comm: tuple[pl.DataFrame, pl.DataFrame],
     copies: tuple[pl.DataFrame, pl.DataFrame],
     mean_step: float,
     p: Params,
@@ -193,27 +206,28 @@ def _findings(
                     },
                 )
             )
-    out += _comm_finding(comm, by_step, steps, mean_step, floor, p)
+    out += _comm_finding(*comm, steps, mean_step, floor, p)
     out += _copy_finding(*copies, steps, floor, p)
     return out
 
 
 def _comm_finding(
     comm: pl.DataFrame,
-    by_step: pl.DataFrame,
+    per_step: pl.DataFrame,
     steps: tuple[int, ...],
     mean_step: float,
     floor: float,
     p: Params,
 ) -> list[Finding]:
+    """Time at stake: the worst rank's mean per step of the wall-clock time its slowed classes
+    lost (contention_comm_steps: a union, as both sides of a pair are slowed at once)."""
     bad = comm.filter((pl.col("slowdown") > p.comm_slowdown_warn) & (pl.col("time_lost_ns") > 0))
     if bad.is_empty():
         return []
-    # the mean over (rank, step): comm classes are pooled over ranks, so no worst rank here
-    n_rank_steps = max(by_step.height, 1) if not by_step.is_empty() else max(len(steps), 1)
-    lost = float(bad["time_lost_ns"].sum()) / n_rank_steps
+    lost, rank = _per_step_worst(per_step, "lost_ns")
     if lost <= floor:
         return []
+    hit = per_step.filter(pl.col("lost_ns") > 0)  # where it was lost: the finding's link
     top = bad.sort("time_lost_ns", descending=True, maintain_order=True).row(0, named=True)
     return [
         _finding(
@@ -222,8 +236,8 @@ def _comm_finding(
             floor,
             message=(
                 f"{top['parallelism']} {top['coll_op']} runs {top['slowdown']:.0%} slower when "
-                f"other communication runs beside it; {lost / 1e6:.2f} ms lost per step "
-                f"(all classes)"
+                f"other communication runs beside it; {lost / 1e6:.2f} ms lost per step on "
+                f"rank {rank} (all classes)"
             ),
             fix=(
                 "communications compete for the same links and copy engines: stagger them, "
@@ -231,8 +245,8 @@ def _comm_finding(
                 "durations include waits for late peers, so check the stragglers analysis "
                 "before tuning"
             ),
-            ranks=tuple(sorted({int(r) for r in bad["compared_ranks"].explode().drop_nulls()})),
-            steps=steps,
+            ranks=tuple(sorted({int(r) for r in hit["rank"]})),
+            steps=tuple(sorted({int(s) for s in hit["step"]})) or steps,
             value=float(top["slowdown"]),
             threshold=p.comm_slowdown_warn,
             evidence={

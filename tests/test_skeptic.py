@@ -56,6 +56,7 @@ def _check(con: duckdb.DuckDBPyConnection, name: str) -> None:
     for mod, key, col in (
         ("contention", "memcpy", "exposed_ns"),  # one direction's exposed copy time
         ("contention", "memcpy_steps", "copy_ns"),  # the copies' wall-clock time
+        ("contention", "comm_steps", "lost_ns"),  # comm slowed by comm, wall-clock
         ("collectives", "slow_by_rank", "excess_ns"),  # time beyond the median, slow colls
     ):
         df = rep.results[mod].tables[key].join(steps, on=["rank", "step"], how="left")

@@ -145,11 +145,11 @@ WITH k AS MATERIALIZED (SELECT * FROM contention_kernels(0.5))
 SELECT * FROM contention_classes('k', 3);
 
 -- Communication beside communication: each comm event against the union of communication on
--- the device's other streams/threads (e.g. DP all-reduce beside PP send/recv), per (name, op,
--- parallelism, size, dtype). Host p2p spans on compute threads are waits and left out, as in
--- _contention_comm. Durations include waiting for peers, so medians (per rank, both sides)
--- and at least min_runs runs on each side: slowdown = median beside / median alone - 1.
-CREATE OR REPLACE TEMP MACRO contention_comm(min_overlap, min_runs) AS TABLE
+-- the device's other streams/threads (e.g. DP all-reduce beside PP send/recv): alone,
+-- overlapped (at least min_overlap of it beside other communication) or partial. Host p2p spans
+-- on compute threads are waits and left out, as in _contention_comm. ck names the event's
+-- class (name, op, parallelism, size, dtype).
+CREATE OR REPLACE TEMP MACRO _contention_comm_runs(min_overlap) AS TABLE
 WITH c AS MATERIALIZED (
   SELECT c.*, coalesce(g.parallelism, CASE WHEN c.pg_name IS NULL THEN 'UNKNOWN'
                                            ELSE 'OTHER' END) AS parallelism
@@ -166,26 +166,39 @@ WITH c AS MATERIALIZED (
 ), isl AS MATERIALIZED (
   SELECT * FROM interval_prefix('u')
 ), x AS (
-  SELECT i.id AS k, c.rank, c.name, c.coll_op, c.parallelism, c.nelems, c.dtype, c.dur, c.s, c.e
+  SELECT i.id AS k, c.rank, c.step, c.name, c.coll_op, c.parallelism, c.nelems, c.dtype,
+         hash(c.name, c.coll_op, c.parallelism, c.nelems, c.dtype) AS ck, c.dur, c.s, c.e
   FROM c JOIN ids i ON i.rank = c.rank AND i.device = c.device AND i.stream = c.stream
-), o AS (
-  SELECT rank, name, coll_op, parallelism, nelems, dtype, dur, inside AS ov_ns
-  FROM interval_inside('x', 'isl')
-), st AS (
-  SELECT *, CASE WHEN ov_ns = 0 THEN 'alone' WHEN ov_ns >= min_overlap * dur THEN 'overlapped'
-                 ELSE 'partial' END AS state
-  FROM o
-), pr AS (
-  SELECT rank, name, coll_op, parallelism, nelems, dtype,
-         count(*) FILTER (WHERE state = 'alone') AS n_alone,
-         median(dur) FILTER (WHERE state = 'alone') AS t_alone,
-         count(*) FILTER (WHERE state = 'overlapped') AS n_ov,
-         median(dur) FILTER (WHERE state = 'overlapped') AS t_ov
-  FROM st GROUP BY ALL
-), m AS (
-  SELECT *, n_alone >= min_runs AND n_ov >= min_runs AS matched FROM pr
 )
-SELECT name, coll_op, parallelism, nelems, dtype, count(*)::INTEGER AS ranks,
+SELECT * EXCLUDE (k, inside),
+       CASE WHEN inside = 0 THEN 'alone' WHEN inside >= min_overlap * dur THEN 'overlapped'
+            ELSE 'partial' END AS state
+FROM interval_inside('x', 'isl');
+
+-- Per rank and class: runs alone and overlapped, their medians (durations include waiting for
+-- peers, so medians, per rank, both sides), and whether both sides have min_runs runs.
+CREATE OR REPLACE TEMP MACRO _contention_comm_pairs(t, min_runs) AS TABLE
+SELECT rank, ck, any_value(name) AS name, any_value(coll_op) AS coll_op,
+       any_value(parallelism) AS parallelism, any_value(nelems) AS nelems,
+       any_value(dtype) AS dtype,
+       count(*) FILTER (WHERE state = 'alone') AS n_alone,
+       median(dur) FILTER (WHERE state = 'alone') AS t_alone,
+       count(*) FILTER (WHERE state = 'overlapped') AS n_ov,
+       median(dur) FILTER (WHERE state = 'overlapped') AS t_ov,
+       count(*) FILTER (WHERE state = 'alone') >= min_runs
+         AND count(*) FILTER (WHERE state = 'overlapped') >= min_runs AS matched
+FROM query_table(t) GROUP BY rank, ck;
+
+-- Per class: slowdown = median beside / median alone - 1 over the ranks with both sides.
+CREATE OR REPLACE TEMP MACRO contention_comm(min_overlap, min_runs) AS TABLE
+WITH st AS MATERIALIZED (
+  SELECT * FROM _contention_comm_runs(min_overlap)
+), m AS (
+  SELECT * FROM _contention_comm_pairs('st', min_runs)
+)
+SELECT any_value(name) AS name, any_value(coll_op) AS coll_op,
+       any_value(parallelism) AS parallelism, any_value(nelems) AS nelems,
+       any_value(dtype) AS dtype, count(*)::INTEGER AS ranks,
        sum(n_alone)::BIGINT AS n_alone, sum(n_ov)::BIGINT AS n_concurrent,
        sum(n_ov) FILTER (WHERE matched)::BIGINT AS n_matched,
        sum(n_ov * t_alone) FILTER (WHERE matched)
@@ -197,7 +210,34 @@ SELECT name, coll_op, parallelism, nelems, dtype, count(*)::INTEGER AS ranks,
        (sum(n_ov * t_ov) FILTER (WHERE matched)
           - sum(n_ov * t_alone) FILTER (WHERE matched))::BIGINT AS time_lost_ns,
        list(rank ORDER BY rank) FILTER (WHERE matched) AS compared_ranks
-FROM m GROUP BY name, coll_op, parallelism, nelems, dtype;
+FROM m GROUP BY ck;
+
+-- contention_comm_steps(min_overlap, min_runs, warn): per rank and step (every step of every
+-- rank, zero where none), the wall-clock time lost by the communication classes slower than
+-- warn beside other communication: each overlapped run of its rank's class loses the last
+-- (t_ov - t_alone) ns of itself, and those pieces are unioned per rank and step. Why a union:
+-- communication beside communication is slowed on both sides at once (a DP all-reduce and a
+-- PP send/recv slowing each other), and the sum of their losses is no time the rank spent.
+CREATE OR REPLACE TEMP MACRO contention_comm_steps(min_overlap, min_runs, warn) AS TABLE
+WITH st AS MATERIALIZED (
+  SELECT * FROM _contention_comm_runs(min_overlap)
+), m AS MATERIALIZED (
+  SELECT * FROM _contention_comm_pairs('st', min_runs) WHERE matched
+), bad AS (
+  SELECT ck FROM m GROUP BY ck
+  HAVING sum(n_ov * t_ov) / nullif(sum(n_ov * t_alone), 0) - 1 > warn
+     AND sum(n_ov * t_ov) > sum(n_ov * t_alone)
+), iv AS (
+  SELECT st.rank AS k, st.step AS cls,
+         greatest(st.s, st.e - CAST(m.t_ov - m.t_alone AS BIGINT)) AS s, st.e AS e
+  FROM st JOIN m USING (rank, ck) JOIN bad USING (ck)
+  WHERE st.state = 'overlapped' AND m.t_ov > m.t_alone
+), lost AS (
+  SELECT k AS rank, cls AS step, sum(e - s)::BIGINT AS lost_ns FROM interval_union('iv')
+  GROUP BY ALL
+)
+SELECT s.rank, s.step, coalesce(l.lost_ns, 0)::BIGINT AS lost_ns
+FROM steps s LEFT JOIN lost l USING (rank, step);
 
 -- contention_hidden(t): per interval of t (id, dk, s, e), the time compute ran beside it on
 -- the same device (dk), as a union. Algorithm: the intervals (copies) are few. A compute event

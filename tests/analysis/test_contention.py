@@ -74,6 +74,36 @@ def test_comm_beside_comm_by_hand(ingest: Ingest) -> None:
     assert one(res.tables["comm"], parallelism="DP")["slowdown"] is None
 
 
+def test_comm_slowing_each_other_counts_once_per_rank_and_step(ingest: Ingest) -> None:
+    """A PP SendRecv (stream 20) and a DP AllGather (stream 21) slow each other: in step 1 both
+    run [100, 180), [180, 260), [260, 340) (80 µs each), in step 2 alone for 50 µs each. Both
+    classes are 60% slower, 90 µs lost each; but each pair of runs loses the same last 30 µs
+    of wall-clock time on the rank: 90 µs in step 1, none in step 2, so 45 µs per step. Summing
+    the classes over the rank's steps said 180."""
+    dp = PgConfig("1", [0, 1], "DATA_PARALLEL_GROUP")
+    pp = PgConfig("2", [0, 2], "PIPELINE_MODEL_PARALLEL_GROUP")
+    t = KinetoTrace(rank=0, world_size=4, pg_config=[dp, pp])
+    t.step(1, 0, 600)
+    t.step(2, 600, 1200)
+    for start in (100, 180, 260):
+        t.nccl("SendRecv", start, 80, stream=20, coll="send", pg_name="2", group_size=2)
+        t.nccl("AllGather", start, 80, stream=21, coll="all_gather", pg_name="1", group_size=2)
+    for start in (700, 750, 800):
+        t.nccl("SendRecv", start, 50, stream=20, coll="send", pg_name="2", group_size=2)
+        t.nccl("AllGather", start + 200, 50, stream=21, coll="all_gather", pg_name="1")
+    res = contention.run(ingest(t))
+    comm = res.tables["comm"].sort("parallelism")
+    assert comm.select("parallelism", "slowdown", "time_lost_ns").rows() == [
+        ("DP", pytest.approx(0.6), 90 * US),
+        ("PP", pytest.approx(0.6), 90 * US),
+    ]
+    per_step = res.tables["comm_steps"].select("rank", "step", "lost_ns").rows()
+    assert per_step == [(0, 1, 90 * US), (0, 2, 0)]
+    f = {f.code: f for f in res.findings}["CONTENTION_COMM_SLOWDOWN"]
+    assert f.time_at_stake_ns == 45 * US and f.ranks == (0,) and f.steps == (1,)
+    assert "ms lost per step on rank 0" in f.message
+
+
 def test_memcpy_hiding_by_hand(ingest: Ingest) -> None:
     res = contention.run(ingest(_trace()))
     cp = one(res.tables["memcpy"], rank=0, step=1)
