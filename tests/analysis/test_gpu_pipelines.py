@@ -28,6 +28,12 @@ SCENARIOS: dict[str, GpuJob] = {
     "dp_into_bubbles": GpuJob(pp=4, m=8, dp=2, dp_overlap=True, dp_us=4000.0),
     "1f1b_batched": GpuJob(pp=4, m=8, dp=2, tp=2, batched=True),
     "interleaved_batched": GpuJob(pp=4, m=8, v=2, schedule="interleaved", batched=True),
+    # pp = 3, and traces without Src/Dst Rank (older torch): peers inferred, for every schedule
+    "1f1b_pp3_m6_no_peers": GpuJob(pp=3, m=6, dp=2, tp=2, peers=False),
+    "interleaved_pp3_m6_v2": GpuJob(pp=3, m=6, v=2, schedule="interleaved"),
+    "gpipe_pp4_no_peers": GpuJob(pp=4, m=8, schedule="gpipe", peers=False),
+    "interleaved_no_peers": GpuJob(pp=4, m=8, v=2, schedule="interleaved", peers=False),
+    "slow_stage1_pp3_no_peers": GpuJob(pp=3, m=6, dp=2, stage_factor={1: 1.2}, peers=False),
 }
 
 
