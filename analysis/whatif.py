@@ -12,8 +12,9 @@ Same order and dependencies, changed durations (graph_build.Graph, graph_replay.
   contention analysis' per-class baseline on the same rank);
 - `overlap:PAR`: the parallelism's communication fully hidden: no transfer time, and a
   collective's members no longer wait for each other (a recv still waits for its send: the
-  data dependency of a pipeline stays);
-- `scale-comm:PAR=F`: its transfers F times faster;
+  data dependency of a pipeline stays); `dp` is data parallelism whole, DP_SHARD (FSDP/HSDP's
+  shard groups) included, as elsewhere (run_profile.has); `dp_shard` is the shard part alone;
+- `scale-comm:PAR=F`: its transfers F times faster (PAR as for overlap);
 - `scale-kernels:REGEX=F`: compute/copy events whose name matches REGEX take F times as long.
 The saving is replayed - predicted, both from the model, so the model's own error cancels.
 """
@@ -43,6 +44,10 @@ KINDS = (
     "scale-comm",
     "scale-kernels",
 )
+
+
+# the parallelisms a scenario's PAR stands for, when more than itself
+FAMILY: dict[str, tuple[str, ...]] = {"DP": ("DP", "DP_SHARD")}
 
 
 class WhatIfError(RanklensError):
@@ -200,7 +205,7 @@ def durations(g: Graph, sc: Scenario, ctx: Context) -> tuple[I64, I64, str]:
             return add, lag, f"no compute or copy event matches {sc.pattern!r}"
         add[node_v] -= np.rint(t[nodes] * (1.0 - sc.factor)).astype(np.int64)
     else:
-        inst = g.inst_par == sc.parallelism
+        inst = np.isin(g.inst_par, FAMILY.get(sc.parallelism, (sc.parallelism,)))
         if not inst.any():
             return add, lag, f"no matched {sc.parallelism} communication in this run"
         tr = (g.e_kind == E_TRANSFER) & inst[np.maximum(g.e_inst, 0)]

@@ -6,6 +6,7 @@ path adding up to the step."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from pathlib import Path
@@ -146,6 +147,36 @@ def test_overlap_and_scale_comm_order(tmp_path: Path, ingest: Ingest) -> None:
     assert hidden is not None and faster is not None and kernels is not None
     assert np.all(hidden <= faster) and np.all(faster < base)
     assert np.all(kernels < base) and np.all(kernels >= base * 0.8)
+
+
+def test_overlap_dp_is_data_parallelism_whole(tmp_path: Path, ingest: Ingest) -> None:
+    """The same graph with its DP instances labelled DP_SHARD (an FSDP/HSDP mesh's shard
+    groups): overlap:dp and scale-comm:dp predict exactly what they predict with DP, and
+    overlap:dp_shard too; on the DP-labelled run overlap:dp_shard finds nothing to hide."""
+    con = _job(tmp_path, ingest, "run", dp_overlap=False, dp_us=3000.0)
+    m = cp.model(con)
+    assert "DP" in set(m.graph.inst_par.tolist())
+    shard = dataclasses.replace(
+        m.graph, inst_par=np.where(m.graph.inst_par == "DP", "DP_SHARD", m.graph.inst_par)
+    )
+    names = ("overlap:dp", "scale-comm:dp=2", "overlap:dp_shard")
+
+    def run(g: gb.Graph) -> dict[str, wi.Outcome]:
+        return {
+            o.scenario.name: o for o in wi.run_scenarios(g, [wi.parse(n) for n in names], m.ctx)
+        }
+
+    dp, sh = run(m.graph), run(shard)
+    base = gr.step_times(m.graph, m.base)
+    for name in ("overlap:dp", "scale-comm:dp=2"):
+        want, got = dp[name].predicted, sh[name].predicted
+        assert want is not None and got is not None and np.all(want < base)
+        assert got.tolist() == want.tolist(), name
+    only_shard, whole = sh["overlap:dp_shard"].predicted, dp["overlap:dp"].predicted
+    assert only_shard is not None and whole is not None
+    assert only_shard.tolist() == whole.tolist()
+    assert dp["overlap:dp_shard"].predicted is None
+    assert dp["overlap:dp_shard"].note == "no matched DP_SHARD communication in this run"
 
 
 @pytest.mark.parametrize("bad", ["bogus", "straggler:x", "scale-comm:dp", "scale-kernels:(=2"])
