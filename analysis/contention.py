@@ -93,17 +93,27 @@ def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
             )
         finally:
             con.execute("DROP TABLE IF EXISTS temp._contention_run")
-        comm = query_pl(
-            con,
-            "SELECT * FROM contention_comm(?, ?) "
-            "ORDER BY time_lost_ns DESC NULLS LAST, name, coll_op, parallelism, nelems, dtype",
-            [params.min_overlap, params.min_runs],
+        # each comm event against the others (an interval join): once, for both readers
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _contention_comm_run AS "
+            "SELECT * FROM _contention_comm_runs($m)",
+            {"m": params.min_overlap},
         )
-        comm_steps = query_pl(
-            con,
-            "SELECT * FROM contention_comm_steps(?, ?, ?) ORDER BY rank, step",
-            [params.min_overlap, params.min_runs, params.comm_slowdown_warn],
-        )
+        try:
+            comm = query_pl(
+                con,
+                "SELECT * FROM _contention_comm_classes('_contention_comm_run', ?) "
+                "ORDER BY time_lost_ns DESC NULLS LAST, name, coll_op, parallelism, nelems, dtype",
+                [params.min_runs],
+            )
+            comm_steps = query_pl(
+                con,
+                "SELECT * FROM _contention_comm_lost('_contention_comm_run', ?, ?) "
+                "ORDER BY rank, step",
+                [params.min_runs, params.comm_slowdown_warn],
+            )
+        finally:
+            con.execute("DROP TABLE IF EXISTS temp._contention_comm_run")
         memcpy = query_pl(con, "SELECT * FROM contention_memcpy ORDER BY rank, step, direction")
         copy_steps = query_pl(con, "SELECT * FROM contention_memcpy_steps ORDER BY rank, step")
     step_ns = con.execute("SELECT avg(end_ns - start_ns) FROM steps").fetchall()[0][0]
@@ -206,7 +216,7 @@ def _findings(
                     },
                 )
             )
-    out += _comm_finding(*comm, steps, mean_step, floor, p)
+    out += _comm_finding(*comm, mean_step, floor, p)
     out += _copy_finding(*copies, steps, floor, p)
     return out
 
@@ -214,7 +224,6 @@ def _findings(
 def _comm_finding(
     comm: pl.DataFrame,
     per_step: pl.DataFrame,
-    steps: tuple[int, ...],
     mean_step: float,
     floor: float,
     p: Params,
@@ -246,7 +255,7 @@ def _comm_finding(
                 "before tuning"
             ),
             ranks=tuple(sorted({int(r) for r in hit["rank"]})),
-            steps=tuple(sorted({int(s) for s in hit["step"]})) or steps,
+            steps=tuple(sorted({int(s) for s in hit["step"]})),  # lost > floor: not empty
             value=float(top["slowdown"]),
             threshold=p.comm_slowdown_warn,
             evidence={

@@ -189,12 +189,11 @@ SELECT rank, ck, any_value(name) AS name, any_value(coll_op) AS coll_op,
          AND count(*) FILTER (WHERE state = 'overlapped') >= min_runs AS matched
 FROM query_table(t) GROUP BY rank, ck;
 
--- Per class: slowdown = median beside / median alone - 1 over the ranks with both sides.
-CREATE OR REPLACE TEMP MACRO contention_comm(min_overlap, min_runs) AS TABLE
-WITH st AS MATERIALIZED (
-  SELECT * FROM _contention_comm_runs(min_overlap)
-), m AS (
-  SELECT * FROM _contention_comm_pairs('st', min_runs)
+-- Per class: slowdown = median beside / median alone - 1 over the ranks with both sides, from
+-- the runs in t (_contention_comm_runs, held once by contention.run for both of its readers).
+CREATE OR REPLACE TEMP MACRO _contention_comm_classes(t, min_runs) AS TABLE
+WITH m AS (
+  SELECT * FROM _contention_comm_pairs(t, min_runs)
 )
 SELECT any_value(name) AS name, any_value(coll_op) AS coll_op,
        any_value(parallelism) AS parallelism, any_value(nelems) AS nelems,
@@ -212,17 +211,15 @@ SELECT any_value(name) AS name, any_value(coll_op) AS coll_op,
        list(rank ORDER BY rank) FILTER (WHERE matched) AS compared_ranks
 FROM m GROUP BY ck;
 
--- contention_comm_steps(min_overlap, min_runs, warn): per rank and step (every step of every
--- rank, zero where none), the wall-clock time lost by the communication classes slower than
--- warn beside other communication: each overlapped run of its rank's class loses the last
--- (t_ov - t_alone) ns of itself, and those pieces are unioned per rank and step. Why a union:
--- communication beside communication is slowed on both sides at once (a DP all-reduce and a
--- PP send/recv slowing each other), and the sum of their losses is no time the rank spent.
-CREATE OR REPLACE TEMP MACRO contention_comm_steps(min_overlap, min_runs, warn) AS TABLE
-WITH st AS MATERIALIZED (
-  SELECT * FROM _contention_comm_runs(min_overlap)
-), m AS MATERIALIZED (
-  SELECT * FROM _contention_comm_pairs('st', min_runs) WHERE matched
+-- Per rank and step (every step of every rank, zero where none), the wall-clock time lost by
+-- the communication classes slower than warn beside other communication, from the runs in t:
+-- each overlapped run of its rank's class loses the last (t_ov - t_alone) ns of itself, and
+-- those pieces are unioned per rank and step. Why a union: communication beside communication
+-- is slowed on both sides at once (a DP all-reduce and a PP send/recv slowing each other), and
+-- the sum of their losses is no time the rank spent.
+CREATE OR REPLACE TEMP MACRO _contention_comm_lost(t, min_runs, warn) AS TABLE
+WITH m AS MATERIALIZED (
+  SELECT * FROM _contention_comm_pairs(t, min_runs) WHERE matched
 ), bad AS (
   SELECT ck FROM m GROUP BY ck
   HAVING sum(n_ov * t_ov) / nullif(sum(n_ov * t_alone), 0) - 1 > warn
@@ -230,7 +227,7 @@ WITH st AS MATERIALIZED (
 ), iv AS (
   SELECT st.rank AS k, st.step AS cls,
          greatest(st.s, st.e - CAST(m.t_ov - m.t_alone AS BIGINT)) AS s, st.e AS e
-  FROM st JOIN m USING (rank, ck) JOIN bad USING (ck)
+  FROM query_table(t) st JOIN m USING (rank, ck) JOIN bad USING (ck)
   WHERE st.state = 'overlapped' AND m.t_ov > m.t_alone
 ), lost AS (
   SELECT k AS rank, cls AS step, sum(e - s)::BIGINT AS lost_ns FROM interval_union('iv')
@@ -238,6 +235,15 @@ WITH st AS MATERIALIZED (
 )
 SELECT s.rank, s.step, coalesce(l.lost_ns, 0)::BIGINT AS lost_ns
 FROM steps s LEFT JOIN lost l USING (rank, step);
+
+-- The two above on their own (for `ranklens sql`): per class, and per rank and step.
+CREATE OR REPLACE TEMP MACRO contention_comm(min_overlap, min_runs) AS TABLE
+WITH st AS MATERIALIZED (SELECT * FROM _contention_comm_runs(min_overlap))
+SELECT * FROM _contention_comm_classes('st', min_runs);
+
+CREATE OR REPLACE TEMP MACRO contention_comm_steps(min_overlap, min_runs, warn) AS TABLE
+WITH st AS MATERIALIZED (SELECT * FROM _contention_comm_runs(min_overlap))
+SELECT * FROM _contention_comm_lost('st', min_runs, warn);
 
 -- contention_hidden(t): per interval of t (id, dk, s, e), the time compute ran beside it on
 -- the same device (dk), as a union. Algorithm: the intervals (copies) are few. A compute event
