@@ -148,7 +148,8 @@ def worker_pool(workers: int, preload: str) -> ProcessPoolExecutor:
     worker_boot where this process settled pyarrow's pandas probe), each dying with the main
     process (no orphan outlives a killed ingest)."""
     ctx = get_context("forkserver")
-    boot = ["ranklens.ingest.worker_boot"] if _probe_settled else []
+    boot = ["ranklens.ingest.forkserver_quiet"]
+    boot += ["ranklens.ingest.worker_boot"] if _probe_settled else []
     ctx.set_forkserver_preload([*boot, preload])
     return _WorkerPool(
         max_workers=workers,

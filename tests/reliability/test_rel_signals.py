@@ -343,3 +343,15 @@ def test_dashboard_opens_traces_the_one_way_and_ends_on_sigterm(tmp_path: Path) 
             proc.communicate()
     assert proc.returncode == 143 and "terminated" in err and "Traceback" not in err, err
     assert _ranklens_tmp(tmpdir) == []
+
+
+def test_the_forkserver_keeps_a_lost_client_quiet() -> None:
+    """The forkserver's preload (lifecycle.worker_pool) silences the EOFError its loop dies of
+    when an ingest stops mid-request (it printed a traceback under ranklens' `error:`, seen
+    in CI), and no other error."""
+    quiet = "import ranklens.ingest.forkserver_quiet; raise "
+    for exc, shown in (("EOFError", False), ("ConnectionResetError", False), ("ValueError", True)):
+        run = subprocess.run(
+            [sys.executable, "-c", quiet + exc], capture_output=True, text=True, timeout=60
+        )
+        assert run.returncode == 1 and ("Traceback" in run.stderr) == shown, (exc, run.stderr)
