@@ -26,6 +26,7 @@ from ranklens.analysis.views import apply_all_views, ensure_views
 from ranklens.ingest import shards
 from ranklens.ingest.database import connect
 from ranklens.ingest.errors import RanklensError
+from ranklens.ingest.schema import TABLE_BY_NAME
 
 MIB = 1 << 20
 MEMORY_LIMIT = 2048 * MIB  # DuckDB's memory limit for the console's database
@@ -99,13 +100,14 @@ def cursor(
 
 
 def view_names(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """The analysis views a console query can read (installs them on `con`)."""
+    """The analysis views a console query can read (installs them on `con`); not `events`,
+    a view only in how it is stored (listed with the tables)."""
     apply_all_views(con)
     rows = con.execute(
         "SELECT DISTINCT view_name FROM duckdb_views() WHERE NOT internal "
         "AND view_name NOT LIKE '\\_%' ESCAPE '\\' ORDER BY 1"
     ).fetchall()
-    return [str(r[0]) for r in rows]
+    return [str(r[0]) for r in rows if str(r[0]) not in TABLE_BY_NAME]
 
 
 def run_sql(

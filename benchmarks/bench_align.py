@@ -131,7 +131,7 @@ def speed() -> None:
     con.execute(ddl())
     con.register("_ev", table)
     cols = ", ".join(f'"{c}"' for c in table.column_names)
-    con.execute(f"INSERT INTO events ({cols}) SELECT {cols} FROM _ev")
+    con.execute(f"INSERT INTO events_rich ({cols}) SELECT {cols} FROM _ev")
     con.unregister("_ev")
     con.executemany(
         "INSERT INTO ranks (rank, world_size, host, has_gpu, clock_offset_ns, clock_method) "

@@ -189,10 +189,11 @@ def build(path: Path, ranks: int, kernels: int) -> None:
         )
         con.register("_chunk", table)
         con.execute(
-            "INSERT INTO events (rank, trace_id, kind, cat, name, device, stream, ts_ns, dur_ns, "
-            "step, coll_op, pg_name, launch) SELECT rank, rank, kind, CASE kind WHEN 'annotation' "
-            "THEN 'gpu_user_annotation' ELSE 'kernel' END, name, device, stream, ts_ns, dur_ns, "
-            "step, coll_op, pg_name, launch FROM _chunk ORDER BY ts_ns"
+            "INSERT INTO events_rich (rank, trace_id, kind, cat, name, device, stream, ts_ns, "
+            "dur_ns, step, coll_op, pg_name, launch) SELECT rank, rank, kind, "
+            "CASE kind WHEN 'annotation' THEN 'gpu_user_annotation' ELSE 'kernel' END, name, "
+            "device, stream, ts_ns, dur_ns, step, coll_op, pg_name, launch FROM _chunk "
+            "ORDER BY ts_ns"
         )
         con.unregister("_chunk")
         con.execute(

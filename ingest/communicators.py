@@ -91,11 +91,11 @@ def infer_communicators(con: duckdb.DuckDBPyConnection) -> int:
         ),
     ):
         con.execute(
-            """UPDATE events SET pg_name = m.pg, group_size = coalesce(events.group_size, m.gs)
+            """UPDATE events_rich AS e SET pg_name = m.pg, group_size = coalesce(e.group_size, m.gs)
                FROM _ic_map m
-               WHERE events.kind = 'comm' AND events.pg_name IS NULL AND events.rank = m.rank
-                 AND coalesce(events.coll_op, events.name) = m.op
-                 AND coalesce(events.bytes, events.in_nelems) IS NOT DISTINCT FROM m.size"""
+               WHERE e.kind = 'comm' AND e.pg_name IS NULL AND e.rank = m.rank
+                 AND coalesce(e.coll_op, e.name) = m.op
+                 AND coalesce(e.bytes, e.in_nelems) IS NOT DISTINCT FROM m.size"""
         )
     return made
 

@@ -103,7 +103,8 @@ def _merge_inferred(con: duckdb.DuckDBPyConnection) -> int:
     ).fetchall()
     for inferred, known in pairs:
         con.execute(
-            "UPDATE events SET pg_name = ? WHERE kind = 'comm' AND pg_name = ?", [known, inferred]
+            "UPDATE events_rich SET pg_name = ? WHERE kind = 'comm' AND pg_name = ?",
+            [known, inferred],
         )
         con.execute("DELETE FROM process_groups WHERE pg_name = ?", [inferred])
     return len(pairs)

@@ -24,10 +24,11 @@ from ranklens.ingest.output import (
     temp_path,
 )
 from ranklens.ingest.run import OpenOptions, open_run
-from ranklens.ingest.schema import TABLES
+from ranklens.ingest.schema import EVENTS_PLAIN, EVENTS_RICH, TABLES
 from ranklens.ingest.shards import COMM_TABLE
 
 PER_RANK: tuple[str, ...] = ("events", "collectives", "steps", "threads")
+_EVENTS_STORAGE = (COMM_TABLE, EVENTS_RICH, EVENTS_PLAIN)  # exported as `events` whole
 
 
 @dataclass
@@ -114,10 +115,10 @@ def _tables(con: duckdb.DuckDBPyConnection) -> list[str]:
             "ORDER BY table_name"
         ).fetchall()
     ]
-    if COMM_TABLE in have:  # a sharded run: `events` is the view over it and the shards
+    if COMM_TABLE in have or EVENTS_RICH in have:  # `events` is a view over these
         have = [*have, "events"]
     known = [t.name for t in TABLES if t.name in have]
-    return known + [t for t in have if t not in known and t != COMM_TABLE]
+    return known + [t for t in have if t not in known and t not in _EVENTS_STORAGE]
 
 
 def _copy(con: duckdb.DuckDBPyConnection, name: str, tmp: Path) -> int:

@@ -89,17 +89,17 @@ def attribute_gloo(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
         ),
     ):
         con.execute(
-            """UPDATE events SET pg_name = m.pg, group_size = m.gs FROM _gloo_map m
-               WHERE m.tid IS NOT NULL AND events.kind = 'comm' AND events.device = -1
-                 AND events.pg_name IS NULL AND events.rank = m.rank AND events.tid = m.tid
-                 AND events.name LIKE 'gloo:%'"""
+            """UPDATE events_rich AS e SET pg_name = m.pg, group_size = m.gs FROM _gloo_map m
+               WHERE m.tid IS NOT NULL AND e.kind = 'comm' AND e.device = -1
+                 AND e.pg_name IS NULL AND e.rank = m.rank AND e.tid = m.tid
+                 AND e.name LIKE 'gloo:%'"""
         )
         con.execute(
-            """UPDATE events SET pg_name = m.pg, peer = m.peer, group_size = m.gs
+            """UPDATE events_rich AS e SET pg_name = m.pg, peer = m.peer, group_size = m.gs
                FROM _gloo_map m
-               WHERE m.tid IS NULL AND events.kind = 'comm' AND events.device = -1
-                 AND events.pg_name IS NULL AND events.rank = m.rank
-                 AND events.ts_ns = m.ts AND events.name = m.name"""
+               WHERE m.tid IS NULL AND e.kind = 'comm' AND e.device = -1
+                 AND e.pg_name IS NULL AND e.rank = m.rank
+                 AND e.ts_ns = m.ts AND e.name = m.name"""
         )
     return {"gloo_threads": len(threads), "gloo_p2p": len(p2p)}
 

@@ -60,12 +60,12 @@ def link_batches(con: duckdb.DuckDBPyConnection) -> int:
     kernels were batches."""
     build_batches(con)
     con.execute(
-        """UPDATE events SET pg_name = b.pg FROM (
+        """UPDATE events_rich AS e SET pg_name = b.pg FROM (
              SELECT rank, ts_ns, stream, min(pg_name) AS pg FROM _p2p_batch_ops
              GROUP BY ALL HAVING count(DISTINCT pg_name) = 1) b
-           WHERE events.kind = 'comm' AND events.device >= 0 AND events.pg_name IS NULL
-             AND events.rank = b.rank AND events.ts_ns = b.ts_ns
-             AND events.stream IS NOT DISTINCT FROM b.stream"""
+           WHERE e.kind = 'comm' AND e.device >= 0 AND e.pg_name IS NULL
+             AND e.rank = b.rank AND e.ts_ns = b.ts_ns
+             AND e.stream IS NOT DISTINCT FROM b.stream"""
     )
     row = con.execute(
         "SELECT count(*) FROM (SELECT DISTINCT rank, ts_ns, stream FROM _p2p_batch_ops)"

@@ -36,18 +36,18 @@ def _fill_comm_args(con: duckdb.DuckDBPyConnection) -> None:
     """Comm kernels without args inherit them from the host op that launched them
     (record_param_comms / c10d op with the same External id)."""
     con.execute(
-        """UPDATE events SET pg_name = src.pg_name, in_nelems = src.in_nelems,
+        """UPDATE events_rich AS e SET pg_name = src.pg_name, in_nelems = src.in_nelems,
              out_nelems = src.out_nelems, dtype = src.dtype, group_size = src.group_size,
-             seq = coalesce(events.seq, src.seq),
-             coll_op = coalesce(src.coll_op, events.coll_op)
+             seq = coalesce(e.seq, src.seq),
+             coll_op = coalesce(src.coll_op, e.coll_op)
            FROM (SELECT rank, external_id, any_value(pg_name) AS pg_name,
                    any_value(in_nelems) AS in_nelems, any_value(out_nelems) AS out_nelems,
                    any_value(dtype) AS dtype, any_value(group_size) AS group_size,
                    any_value(seq) AS seq, any_value(coll_op) AS coll_op
                  FROM events WHERE device = -1 AND pg_name IS NOT NULL
                    AND external_id IS NOT NULL GROUP BY ALL) src
-           WHERE events.kind = 'comm' AND events.device >= 0 AND events.pg_name IS NULL
-             AND events.rank = src.rank AND events.external_id = src.external_id"""
+           WHERE e.kind = 'comm' AND e.device >= 0 AND e.pg_name IS NULL
+             AND e.rank = src.rank AND e.external_id = src.external_id"""
     )
 
 
@@ -57,12 +57,12 @@ def _fill_peers(con: duckdb.DuckDBPyConnection) -> None:
     kernels have their own args but still no peer. An External id shared by ops with different
     peers (batched isend/irecv in one kernel) gives none: the kernel's peer is not one rank."""
     con.execute(
-        """UPDATE events SET peer = src.peer
+        """UPDATE events_rich AS e SET peer = src.peer
            FROM (SELECT rank, external_id, min(peer) AS peer
                  FROM events WHERE device = -1 AND peer IS NOT NULL AND external_id IS NOT NULL
                  GROUP BY rank, external_id HAVING min(peer) = max(peer)) src
-           WHERE events.kind = 'comm' AND events.device >= 0 AND events.peer IS NULL
-             AND events.rank = src.rank AND events.external_id = src.external_id"""
+           WHERE e.kind = 'comm' AND e.device >= 0 AND e.peer IS NULL
+             AND e.rank = src.rank AND e.external_id = src.external_id"""
     )
 
 

@@ -120,7 +120,10 @@ TABLES: tuple[Table, ...] = (
     ),
     Table(
         "events",
-        "Every timed interval of every rank; `kind` is assigned once, at ingest.",
+        "Every timed interval of every rank; `kind` is assigned once, at ingest. A view: over "
+        "`events_rich` (every column) and `events_plain` (rows with no collective argument, "
+        "`bytes`, `shapes` or `concrete`, stored without those columns: a faster write); in a "
+        "sharded run, over `events_comm` and the Parquet shards.",
         (
             Column("rank", "INTEGER", "Global rank."),
             Column("trace_id", "INTEGER", "Source file (sources.trace_id)."),
@@ -218,6 +221,31 @@ TABLES: tuple[Table, ...] = (
 
 TABLE_BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
 
+# `events` is stored as two tables and read through one view of that name (event_store.py says
+# why): `events_rich` holds every column, `events_plain` all but these, for rows that have none.
+EVENTS_SPARSE: tuple[str, ...] = (
+    "coll_op", "pg_name", "in_nelems", "out_nelems", "dtype", "group_size", "seq", "peer",
+    "bytes", "shapes", "concrete",
+)  # fmt: skip
+EVENTS_RICH, EVENTS_PLAIN = "events_rich", "events_plain"
+
+
+def events_ddl() -> str:
+    """The two tables behind `events`, and the view that is `events` (rich rows first)."""
+    cols = TABLE_BY_NAME["events"].columns
+    rich = Table(EVENTS_RICH, "", cols)
+    plain = Table(EVENTS_PLAIN, "", tuple(c for c in cols if c.name not in EVENTS_SPARSE))
+    names = ", ".join(f'"{c.name}"' for c in cols)
+    padded = ", ".join(
+        f'CAST(NULL AS {c.type}) AS "{c.name}"' if c.name in EVENTS_SPARSE else f'"{c.name}"'
+        for c in cols
+    )
+    return (
+        f"{rich.ddl()}\n{plain.ddl()}\nCREATE VIEW events AS SELECT {names} FROM {EVENTS_RICH}"
+        f"\nUNION ALL SELECT {padded} FROM {EVENTS_PLAIN};"
+    )
+
+
 VIEWS_SQL = """
 CREATE OR REPLACE VIEW events_aligned AS
 SELECT e.*, e.ts_ns + COALESCE(r.clock_offset_ns, 0) AS ats_ns,
@@ -233,7 +261,11 @@ FROM collectives c LEFT JOIN ranks r USING (rank);
 
 def ddl() -> str:
     """All CREATE statements, in dependency order."""
-    return "\n\n".join(t.ddl() for t in TABLES) + "\n" + VIEWS_SQL
+    return (
+        "\n\n".join(events_ddl() if t.name == "events" else t.ddl() for t in TABLES)
+        + "\n"
+        + VIEWS_SQL
+    )
 
 
 def markdown() -> str:

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from ranklens.ingest.schema import TABLE_BY_NAME
+from ranklens.ingest.schema import EVENTS_PLAIN, EVENTS_RICH, TABLE_BY_NAME
 
 CATALOG = "catalog.duckdb"
 EVENTS_DIR = "events"
@@ -207,10 +207,13 @@ def _glob(run_dir: str | os.PathLike[str]) -> str:
 
 
 def seal(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[str]) -> None:
-    """After the cross-rank stage: the communication rows become `events_comm` and `events`
-    the view over them and the shards (relative to the run directory, so it survives a move),
-    shadowed on this connection by the absolute one (`attach`)."""
-    con.execute(f"ALTER TABLE events RENAME TO {COMM_TABLE}")
+    """After the cross-rank stage: the communication rows (both tables behind `events`) become
+    `events_comm`, and `events` the view over them and the shards (relative to the run
+    directory, so it survives a move), shadowed on this connection by the absolute one
+    (`attach`)."""
+    con.execute(f"CREATE TABLE {COMM_TABLE} AS SELECT * FROM events")  # rich and plain rows
+    con.execute("DROP VIEW events")
+    con.execute(f"DROP TABLE {EVENTS_RICH}; DROP TABLE {EVENTS_PLAIN}")
     con.execute(f"SET file_search_path = '{_sql_str(str(Path(run_dir).resolve()))}'")
     con.execute(f"CREATE VIEW events AS {_view_sql(f'{EVENTS_DIR}/*/*.parquet')}")
     con.execute("RESET file_search_path")

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
-from ranklens.ingest import shards, staging
+from ranklens.ingest import event_store, shards, staging
 from ranklens.ingest._model import RankPart, ReadFile, rank_from_name
 from ranklens.ingest.errors import NotATraceError, RankError, RanklensError, TraceFormatError
+from ranklens.ingest.event_store import insert_events
 from ranklens.ingest.sanity import check_rank, check_times
-from ranklens.ingest.steps import insert_events, insert_windows, write_rank
+from ranklens.ingest.steps import insert_windows, write_rank
 
 if TYPE_CHECKING:
     from ranklens.ingest.rank_task import RankResult
@@ -134,7 +135,7 @@ class Sink:
         """Forget a file's events, staged or written (its file turned out bad)."""
         for rank in list(self._staged):
             self._staged[rank] = [p for p in self._staged[rank] if p.trace_id != trace_id]
-        self.con.execute("DELETE FROM events WHERE trace_id = ?", [trace_id])
+        event_store.delete_trace(self.con, trace_id)
 
     def _write_rank(self, rank: int, has_gpu: bool) -> None:
         pieces = self._staged.pop(rank, [])
@@ -229,7 +230,8 @@ class Sink:
             self.fail(res.trace_id, res.path, err, res.size)
             return
         if res.comm is not None and res.comm.num_rows:
-            insert_events(self.con, res.comm)
+            with event_store.transaction(self.con):
+                insert_events(self.con, res.comm)
         insert_windows(self.con, rank, res.windows)
         part = RankPart(rank, res.info, groups=res.groups, threads=res.threads)
         part.warnings = res.warnings

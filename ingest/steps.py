@@ -15,8 +15,9 @@ from collections.abc import Iterator
 
 import duckdb
 import pyarrow as pa
-from ranklens.ingest import staging, step_assign
+from ranklens.ingest import event_store, staging, step_assign
 from ranklens.ingest.database import registered
+from ranklens.ingest.event_store import insert_events
 from ranklens.ingest.schema import TABLE_BY_NAME
 
 PARALLEL_ROWS = 400_000  # a rank this large is written by two INSERTs at once (_insert_two)
@@ -40,7 +41,8 @@ def write_rank(
     # large rank is two INSERTs on two threads (_insert_two: 1.2 -> 0.74 s for that trace).
     half = _second_half(pieces) if n >= PARALLEL_ROWS else len(pieces)
     if half == len(pieces):
-        insert_events(con, _reader(pieces, step, 0, schema))
+        with event_store.transaction(con):
+            insert_events(con, _reader(pieces, step, 0, schema))
         return
     second = pieces[half:]
     del pieces[half:]
@@ -181,14 +183,6 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     cols = [table[f.name] if f.name in table.column_names else pa.nulls(n, f.type) for f in schema]
     out = pa.table(cols, names=schema.names)
     return out if out.schema.equals(schema) else out.cast(schema)
-
-
-def insert_events(con: duckdb.DuckDBPyConnection, table: pa.Table | pa.RecordBatchReader) -> None:
-    """Append rows (with their step) to `events`, by column name; columns a reader does not
-    fill stay NULL."""
-    names = ", ".join(f'"{c}"' for c in _EVENTS if c in table.schema.names)
-    with registered(con, "_ev", table):
-        con.execute(f"INSERT INTO events ({names}) SELECT {names} FROM _ev")
 
 
 _EVENTS = TABLE_BY_NAME["events"].column_names

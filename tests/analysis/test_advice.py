@@ -45,7 +45,9 @@ def test_profile_reads_cp_groups_and_attention() -> None:
            ('2', 'DATA_PARALLEL_GROUP', [0, 2], 2, 'DP'),
            ('3', 'TENSOR_MODEL_PARALLEL_GROUP', [0], 1, 'TP')"""
     )
-    con.execute("INSERT INTO events (rank, kind, name) VALUES (0, 'compute', 'flash_fwd_kernel')")
+    con.execute(
+        "INSERT INTO events_plain (rank, kind, name) VALUES (0, 'compute', 'flash_fwd_kernel')"
+    )
     p = profile(con)
     assert p.parallelisms == {"CP", "DP"}  # TP of one rank is no TP
     assert p.model == TRANSFORMER and p.framework == "megatron"

@@ -250,7 +250,7 @@ def test_stage_inference_from_gloo_peers() -> None:
             f'\'{op}\', \'["", "", "{peer}", "0"]\')'
         )
     con.execute(
-        "INSERT INTO events (rank, kind, name, device, step, coll_op, concrete) VALUES "
+        "INSERT INTO events_rich (rank, kind, name, device, step, coll_op, concrete) VALUES "
         + ", ".join(rows)
     )
     con.execute(sql_text("intervals"))

@@ -174,7 +174,8 @@ def test_p2p_order_inference_on_real_gloo_traces(tmp_path: Path) -> None:
     load_traces([SAMPLES / "pp4_1f1b_m8" / "raw"], db, workers=1)
     con = duckdb.connect(str(db))
     with_ann = pipeline.run(con).table
-    con.execute("DELETE FROM events WHERE regexp_matches(name, '^(forward|backward)_mb')")
+    for table in ("events_rich", "events_plain"):  # the two tables behind `events`
+        con.execute(f"DELETE FROM {table} WHERE regexp_matches(name, '^(forward|backward)_mb')")
     res = pipeline.run(con)
     con.close()
     truth = json.loads((SAMPLES / "pp4_1f1b_m8" / "truth.json").read_text())

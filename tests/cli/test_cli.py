@@ -100,6 +100,7 @@ def test_sql_and_views(db: Path) -> None:
         "ATTACH '/tmp/ranklens_other.duckdb'",
         "INSTALL httpfs",
         "DELETE FROM events",
+        "DELETE FROM events_plain",
     ],
 )
 def test_sql_is_read_only_and_sandboxed(db: Path, query: str) -> None:

@@ -39,11 +39,12 @@ def _scale_compute(db: Path, ranks: list[int], by_step: dict[int, float]) -> Non
     """Shorten the compute kernels of `ranks` in place, by a factor per step."""
     con = duckdb.connect(str(db))
     for step, factor in by_step.items():
-        con.execute(
-            "UPDATE events SET dur_ns = CAST(dur_ns * ? AS BIGINT) "
-            "WHERE kind = 'compute' AND step = ? AND rank IN (SELECT unnest(?))",
-            [factor, step, ranks],
-        )
+        for table in ("events_rich", "events_plain"):  # the two tables behind `events`
+            con.execute(
+                f"UPDATE {table} SET dur_ns = CAST(dur_ns * ? AS BIGINT) "
+                "WHERE kind = 'compute' AND step = ? AND rank IN (SELECT unnest(?))",
+                [factor, step, ranks],
+            )
     con.close()
 
 

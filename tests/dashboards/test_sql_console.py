@@ -36,6 +36,8 @@ def data(sample_db: Callable[[str], Path]) -> Iterator[RunData]:
         "LOAD httpfs",
         "SET enable_external_access = true",
         "INSERT INTO events (rank) VALUES (99)",
+        "INSERT INTO events_plain (rank) VALUES (99)",  # the tables behind the view
+        "DELETE FROM events_rich",
         "CREATE TABLE stolen AS SELECT * FROM events",
     ],
 )

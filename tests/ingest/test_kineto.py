@@ -31,9 +31,10 @@ def gpu_rank(rank: int = 0, world: int = 2) -> KinetoTrace:
 
 
 def dump_tables(db: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Every table's rows, sorted (meta without the ingest time)."""
+    """Every table's rows, and `events`', sorted (meta without the ingest time)."""
     with duckdb.connect(str(db), read_only=True) as con:
         names = [r[0] for r in q(con, "SELECT table_name FROM duckdb_tables() ORDER BY 1")]
+        names += ["events"]  # the view over events_rich and events_plain, whole
         out = {n: q(con, f"SELECT * FROM {n} ORDER BY ALL") for n in names}
     out["meta"] = [r for r in out["meta"] if r[0] != "ingested_at"]
     return out

@@ -35,7 +35,7 @@ def _comm(
     pg: str | None = None,
 ) -> None:
     con.execute(
-        "INSERT INTO events (rank, kind, cat, name, device, stream, ts_ns, dur_ns, "
+        "INSERT INTO events_rich (rank, kind, cat, name, device, stream, ts_ns, dur_ns, "
         "coll_op, bytes, pg_name) VALUES (?, 'comm', 'kernel', ?, ?, ?, ?, 10, ?, ?, ?)",
         [rank, f"nccl_{op}", rank, stream, ts, op, nbytes, pg],
     )
@@ -110,7 +110,7 @@ def test_reported_group_size_disagreement_is_flagged() -> None:
     con = _db()
     for r in range(4):  # two same-shaped TP pairs: indistinguishable by their collectives
         _comm(con, r, 10, "all_reduce", MB)
-    con.execute("UPDATE events SET group_size = 2")
+    con.execute("UPDATE events_rich SET group_size = 2")  # comm rows live there
     assert infer_communicators(con) == 1
     (ev,) = con.execute("SELECT evidence FROM process_groups").fetchone() or ("",)
     assert "group size [2]" in ev

@@ -1,7 +1,7 @@
-"""steps.write_rank writes a rank's pieces in one INSERT (two at once for a large rank): pieces
+"""steps.write_rank writes a rank's pieces in one stream (two at once for a large rank): pieces
 whose columns differ (one has a column the other lacks, one holds names dictionary-encoded, the
-other plain) still land row for row, in order, each value where it belongs and with its step;
-when one of the two INSERTs fails, nothing of the rank is kept."""
+other plain) still land row for row, each value where it belongs and with its step; when one of
+the two streams fails, nothing of the rank is kept."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_pieces_of_different_shapes_land_in_order() -> None:
     a = _piece(0, 5, dictionary=True, coll=True)
     b = _piece(5, 4, dictionary=False, coll=False)
     steps.write_rank(con, 3, False, [staging.pack(a), staging.pack(b)])
-    rows = con.execute("SELECT name, ts_ns, coll_op, rank FROM events ORDER BY rowid").fetchall()
+    rows = con.execute("SELECT name, ts_ns, coll_op, rank FROM events ORDER BY ts_ns").fetchall()
     assert [r[0] for r in rows] == [f"k{i}" for i in range(9)]
     assert [r[1] for r in rows] == [1_000 * i for i in range(9)]
     assert [r[2] for r in rows] == [None, "all_reduce", None, "all_reduce", None] + [None] * 4
@@ -64,7 +64,7 @@ def _four_pieces() -> list[staging.Piece]:
 
 def _written(con: duckdb.DuckDBPyConnection) -> list[tuple[object, ...]]:
     return con.execute(
-        "SELECT name, ts_ns, dur_ns, coll_op, step FROM events ORDER BY rowid"
+        "SELECT name, ts_ns, dur_ns, coll_op, step FROM events ORDER BY ts_ns, name"
     ).fetchall()
 
 

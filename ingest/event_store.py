@@ -1,0 +1,130 @@
+"""How `events` is stored: two tables read through one view.
+
+Why: DuckDB appends at ~30 ns per value per column, whether the value is NULL or not (docs/
+scale.md, "Session 19"), and eleven of the 26 columns are empty on most rows of a trace (the
+collective arguments, `bytes`, `shapes`, `concrete`). Rows that carry none of them (kernels,
+runtime calls, host ops without shapes: ~85% of a GPU trace) go to `events_plain`, which lacks
+those columns; the others, and every `comm` row (the cross-rank stage fills their group, peer
+and sizes later, by UPDATE), go to `events_rich`. The view `events` (schema.events_ddl) is their
+UNION ALL with the table's columns and types, so every reader sees one table; a filter on a
+sparse column prunes the plain side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+from ranklens.ingest.database import registered
+from ranklens.ingest.schema import EVENTS_PLAIN, EVENTS_RICH, EVENTS_SPARSE, TABLE_BY_NAME
+
+_EVENTS = TABLE_BY_NAME["events"].column_names
+_OPTIONS = ipc.IpcWriteOptions(compression="lz4")
+_RICH = "_rich"  # the mark of a row that goes to events_rich, while it streams to events_plain
+
+
+def rich_mask(batch: pa.RecordBatch) -> pa.Array:
+    """Rows that go to `events_rich`: a `comm` row, or one with any sparse column set."""
+    names = batch.schema.names
+    mask: pa.Array | None = None
+    if "kind" in names:
+        mask = _is_comm(batch.column(names.index("kind")))
+    for c in EVENTS_SPARSE:
+        if c in names:
+            col = batch.column(names.index(c))
+            if col.null_count < len(col):
+                valid = col.is_valid()
+                mask = valid if mask is None else pc.or_(mask, valid)
+    return mask if mask is not None else pa.nulls(batch.num_rows, pa.bool_()).fill_null(False)
+
+
+def _is_comm(kind: pa.Array) -> pa.Array:
+    """kind == 'comm' (False for NULL), tested on the dictionary's few values when encoded."""
+    if pa.types.is_dictionary(kind.type):
+        hit = pc.fill_null(pc.equal(kind.dictionary.cast(pa.string()), "comm"), False)
+        return pc.fill_null(pc.take(hit, kind.indices), False)
+    return pc.fill_null(pc.equal(kind.cast(pa.string()), "comm"), False)
+
+
+def insert_events(con: duckdb.DuckDBPyConnection, rows: pa.Table | pa.RecordBatchReader) -> None:
+    """Append rows (with their step) to `events`, by column name (columns a reader does not fill
+    stay NULL): the plain ones streamed into `events_plain`, then the rich ones (held LZ4-packed
+    meanwhile: they may be many when a trace records shapes) into `events_rich`."""
+    reader = rows.to_reader() if isinstance(rows, pa.Table) else rows
+    names = [c for c in _EVENTS if c in reader.schema.names]
+    plain = [c for c in names if c not in EVENTS_SPARSE]
+    marked = pa.schema([*(reader.schema.field(c) for c in plain), pa.field(_RICH, pa.bool_())])
+    held: list[pa.Buffer] = []
+
+    def plain_batches() -> Iterator[pa.RecordBatch]:
+        # Every batch goes on whole, marked: DuckDB drops the rich rows as it reads (a copy of
+        # each batch without them cost 0.15 s and 70 MB on a 400 MB trace); only the few rich
+        # rows are copied, to be held.
+        for batch in reader:
+            mask = rich_mask(batch)
+            if pc.any(mask).as_py():
+                held.append(_pack(batch.filter(mask).select(names)))
+            yield pa.RecordBatch.from_arrays(
+                [*(batch.column(c) for c in plain), mask], schema=marked
+            )
+
+    _append(con, EVENTS_PLAIN, pa.RecordBatchReader.from_batches(marked, plain_batches()), plain)
+    if held:
+        rich_schema = pa.schema([reader.schema.field(c) for c in names])
+        _append(con, EVENTS_RICH, _unpacked(held, rich_schema))
+
+
+@contextlib.contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """`insert_events` is two INSERTs: on a connection outside any transaction, wrap it in one
+    so that a failure between them leaves none of the rows."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(duckdb.Error):
+            con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+
+
+def _append(
+    con: duckdb.DuckDBPyConnection,
+    table: str,
+    rows: pa.RecordBatchReader,
+    cols: list[str] | None = None,
+) -> None:
+    """INSERT `rows` (their columns `cols`; all when None; those marked rich left out)."""
+    names = ", ".join(f'"{c}"' for c in (cols or rows.schema.names))
+    where = f' WHERE NOT "{_RICH}"' if _RICH in rows.schema.names else ""
+    with registered(con, "_ev", rows):
+        con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _ev{where}")
+
+
+def _pack(batch: pa.RecordBatch) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, batch.schema, options=_OPTIONS) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue()
+
+
+def _unpacked(held: list[pa.Buffer], schema: pa.Schema) -> pa.RecordBatchReader:
+    """The held rows, one packed batch at a time (each released as it is read)."""
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        held.reverse()
+        while held:
+            with ipc.open_stream(held.pop()) as r:
+                yield from r
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
+
+
+def delete_trace(con: duckdb.DuckDBPyConnection, trace_id: int) -> None:
+    """Forget a file's written events (it turned out bad)."""
+    for table in (EVENTS_RICH, EVENTS_PLAIN):
+        con.execute(f"DELETE FROM {table} WHERE trace_id = ?", [trace_id])
