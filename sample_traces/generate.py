@@ -53,8 +53,10 @@ def group_layout(tp: int, pp: int, dp: int) -> list[dict[str, Any]]:
         buckets: dict[Any, list[int]] = {}
         for r in range(world):
             buckets.setdefault(key(*coords[r]), []).append(r)
-        return [{"kind": kind, "description": GROUP_DESC[kind], "ranks": rs}
-                for _, rs in sorted(buckets.items())]
+        return [
+            {"kind": kind, "description": GROUP_DESC[kind], "ranks": rs}
+            for _, rs in sorted(buckets.items())
+        ]
 
     return (
         groups_by("DP", lambda t, d, p: (p, t))
@@ -78,14 +80,22 @@ def read_trace(path: Path) -> dict[str, Any]:
     return data
 
 
-def check_trace(trace: dict[str, Any], rank: int, world: int,
-                layout: list[dict[str, Any]], unnamed: bool, steps: int) -> list[str]:
+def check_trace(
+    trace: dict[str, Any],
+    rank: int,
+    world: int,
+    layout: list[dict[str, Any]],
+    unnamed: bool,
+    steps: int,
+) -> list[str]:
     """Problems with one rank's trace versus what the job should have produced (empty = ok)."""
     problems: list[str] = []
     info = trace.get("distributedInfo", {})
     if info.get("rank") != rank or info.get("world_size") != world:
-        problems.append(f"rank{rank}: distributedInfo rank/world_size = "
-                        f"{info.get('rank')}/{info.get('world_size')}")
+        problems.append(
+            f"rank{rank}: distributedInfo rank/world_size = "
+            f"{info.get('rank')}/{info.get('world_size')}"
+        )
     seen = {(g.get("pg_desc"), tuple(g.get("ranks", []))) for g in info.get("pg_config", [])}
     for g in layout:
         if rank in g["ranks"]:
@@ -103,8 +113,10 @@ def check_trace(trace: dict[str, Any], rank: int, world: int,
 
 def _pg_names(trace: dict[str, Any]) -> dict[tuple[str, tuple[int, ...]], str]:
     """(pg_desc, ranks) -> pg_name as torch recorded it in one rank's trace."""
-    return {(str(g.get("pg_desc")), tuple(g.get("ranks", []))): str(g.get("pg_name"))
-            for g in trace.get("distributedInfo", {}).get("pg_config", [])}
+    return {
+        (str(g.get("pg_desc")), tuple(g.get("ranks", []))): str(g.get("pg_name"))
+        for g in trace.get("distributedInfo", {}).get("pg_config", [])
+    }
 
 
 def _load_worker() -> Any:
@@ -126,18 +138,34 @@ def summarize(part: dict[str, Any]) -> dict[str, Any]:
 
     wall, fwd, bwd = mean_ms("wall_ns"), mean_ms("forward_ns"), mean_ms("backward_ns")
     return {
-        "step_wall_ms": wall, "forward_ms": fwd, "backward_ms": bwd,
-        "injected_slow_ms": mean_ms("slow_ns"), "p2p_recv_wait_ms": mean_ms("p2p_recv_wait_ns"),
+        "step_wall_ms": wall,
+        "forward_ms": fwd,
+        "backward_ms": bwd,
+        "injected_slow_ms": mean_ms("slow_ns"),
+        "p2p_recv_wait_ms": mean_ms("p2p_recv_wait_ns"),
         "dp_allreduce_ms": mean_ms("dp_allreduce_ns"),
         "outside_fwd_bwd_fraction": round(1 - (fwd + bwd) / wall, 4) if wall else None,
     }
 
 
-def generate(out: Path, *, tp: int = 2, pp: int = 2, dp: int = 2, microbatches: int = 4,
-             schedule: str = "1f1b", steps: int = 3, layers: int = 2, hidden: int = 128,
-             mb_size: int = 16, slow_rank: int | None = None, slow_ms: float = 0.0,
-             unnamed: bool = False, raw: bool = False,
-             command: str | None = None) -> dict[str, Any]:
+def generate(
+    out: Path,
+    *,
+    tp: int = 2,
+    pp: int = 2,
+    dp: int = 2,
+    microbatches: int = 4,
+    schedule: str = "1f1b",
+    steps: int = 3,
+    layers: int = 2,
+    hidden: int = 128,
+    mb_size: int = 16,
+    slow_rank: int | None = None,
+    slow_ms: float = 0.0,
+    unnamed: bool = False,
+    raw: bool = False,
+    command: str | None = None,
+) -> dict[str, Any]:
     """Run the job, write ``rank{r}.json.gz`` (in ``out`` or ``out/raw``) and ``out/truth.json``.
 
     Returns the truth dict. Raises RuntimeError if a trace lacks what the job should have put
@@ -156,10 +184,19 @@ def generate(out: Path, *, tp: int = 2, pp: int = 2, dp: int = 2, microbatches: 
     for old in trace_dir.glob("rank*.json*"):
         old.unlink()
     cfg: dict[str, Any] = {
-        "tp": tp, "pp": pp, "dp": dp, "world_size": world, "microbatches": microbatches,
-        "schedule": schedule, "steps": steps, "layers": layers, "hidden": hidden,
-        "mb_size": mb_size, "slow_rank": slow_rank,
-        "slow_ms": slow_ms if slow_rank is not None else 0.0, "unnamed": unnamed,
+        "tp": tp,
+        "pp": pp,
+        "dp": dp,
+        "world_size": world,
+        "microbatches": microbatches,
+        "schedule": schedule,
+        "steps": steps,
+        "layers": layers,
+        "hidden": hidden,
+        "mb_size": mb_size,
+        "slow_rank": slow_rank,
+        "slow_ms": slow_ms if slow_rank is not None else 0.0,
+        "unnamed": unnamed,
     }
     layout = group_layout(tp, pp, dp)
     worker = _load_worker()
@@ -190,26 +227,36 @@ def generate(out: Path, *, tp: int = 2, pp: int = 2, dp: int = 2, microbatches: 
         "config": cfg,
         "torch_version": torch.__version__,
         "python_version": sys.version.split()[0],
-        "trace_files": [str((trace_dir / f"rank{r}.json.gz").relative_to(out))
-                        for r in range(world)],
-        "model": {"hidden": hidden, "ffn": 4 * hidden, "ffn_per_tp_rank": 4 * hidden // tp,
-                  "microbatch_size": mb_size, "layers_per_stage": layers,
-                  "block": "x + RowParallel(gelu(ColumnParallel(x))), fp32, SGD"},
+        "trace_files": [
+            str((trace_dir / f"rank{r}.json.gz").relative_to(out)) for r in range(world)
+        ],
+        "model": {
+            "hidden": hidden,
+            "ffn": 4 * hidden,
+            "ffn_per_tp_rank": 4 * hidden // tp,
+            "microbatch_size": mb_size,
+            "layers_per_stage": layers,
+            "block": "x + RowParallel(gelu(ColumnParallel(x))), fp32, SGD",
+        },
         "rank_order": "tp-cp-ep-dp-pp (tp fastest): rank = tp_idx + tp*(dp_idx + dp*pp_stage)",
         "groups": layout,
         "profiled_steps": list(range(2, steps + 2)),
         "bubble_fraction_closed_form": round((pp - 1) / (microbatches + pp - 1), 4),
         "injected": {
-            "slow_rank": slow_rank, "slow_ms_per_forward": cfg["slow_ms"],
+            "slow_rank": slow_rank,
+            "slow_ms_per_forward": cfg["slow_ms"],
             "what": "busy torch.mm loop (wall-clock timed) inside each forward_mb* span of "
-                    "slow_rank, no annotation of its own" if slow_rank is not None else None,
+            "slow_rank, no annotation of its own"
+            if slow_rank is not None
+            else None,
         },
         "tolerances": {
-            "host_cpus": cpus, "ranks_per_cpu": round(world / cpus, 2),
+            "host_cpus": cpus,
+            "ranks_per_cpu": round(world / cpus, 2),
             "note": "ranks time-share the CPUs: durations are inflated by preemption; treat "
-                    "them as qualitative. Measured *_ns come from time.perf_counter_ns inside "
-                    "the job; start/end_epoch_ns match baseTimeNanoseconds + ts*1000 within "
-                    "~0.1 ms (one host clock).",
+            "them as qualitative. Measured *_ns come from time.perf_counter_ns inside "
+            "the job; start/end_epoch_ns match baseTimeNanoseconds + ts*1000 within "
+            "~0.1 ms (one host clock).",
             "cross_rank_clock_skew_ms": 0.1,
         },
         "generation_wall_s": round(wall, 2),
@@ -262,26 +309,37 @@ def scenario_readme(name: str, truth: dict[str, Any]) -> str:
     """README of a committed scenario: the exact command, torch version and what it shows."""
     cfg = truth["config"]
     lines = [
-        f"# {name}", "", SCENARIOS[name][1], "",
+        f"# {name}",
+        "",
+        SCENARIOS[name][1],
+        "",
         f"Made with torch {truth['torch_version']} (CPU, gloo) on a "
-        f"{truth['tolerances']['host_cpus']}-CPU host ({cfg['world_size']} ranks) by:", "",
-        "```", f"python sample_traces/generate.py --scenario {name}",
-        f"# = {truth['command']}", "```", "",
+        f"{truth['tolerances']['host_cpus']}-CPU host ({cfg['world_size']} ranks) by:",
+        "",
+        "```",
+        f"python sample_traces/generate.py --scenario {name}",
+        f"# = {truth['command']}",
+        "```",
+        "",
         "- `raw/rank{r}.json.gz`: one Kineto trace per rank, "
         f"{cfg['steps']} profiled steps (ProfilerStep#{truth['profiled_steps'][0]}.."
         f"#{truth['profiled_steps'][-1]}).",
         "- `truth.json`: config, group layout (kind, description, ranks, pg_name), injected "
         "slowdown and per-rank timings measured inside the job (see ../README.md).",
-        "", "Measured per-rank means over the profiled steps (ms; CPU time-sharing inflates "
-        "them, treat as qualitative):", "",
+        "",
+        "Measured per-rank means over the profiled steps (ms; CPU time-sharing inflates "
+        "them, treat as qualitative):",
+        "",
         "| rank | step | forward | backward | injected slow | p2p recv wait | DP all-reduce |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in truth["ranks"]:
         m = r["summary"]
-        lines.append(f"| {r['rank']} | {m['step_wall_ms']} | {m['forward_ms']} | "
-                     f"{m['backward_ms']} | {m['injected_slow_ms']} | "
-                     f"{m['p2p_recv_wait_ms']} | {m['dp_allreduce_ms']} |")
+        lines.append(
+            f"| {r['rank']} | {m['step_wall_ms']} | {m['forward_ms']} | "
+            f"{m['backward_ms']} | {m['injected_slow_ms']} | "
+            f"{m['p2p_recv_wait_ms']} | {m['dp_allreduce_ms']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -289,8 +347,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--out", type=Path, help="output folder (required without --scenario)")
-    p.add_argument("--scenario", choices=[*SCENARIOS, "all"],
-                   help="regenerate a committed scenario under sample_traces/ (flags preset)")
+    p.add_argument(
+        "--scenario",
+        choices=[*SCENARIOS, "all"],
+        help="regenerate a committed scenario under sample_traces/ (flags preset)",
+    )
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--dp", type=int, default=2)
@@ -301,17 +362,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=128, help="model width (FFN = 4x)")
     p.add_argument("--mb-size", type=int, default=16, help="rows per micro-batch")
     p.add_argument("--slow-rank", type=int, default=None)
-    p.add_argument("--slow-ms", type=float, default=0.0,
-                   help="extra busy compute per micro-batch forward on --slow-rank")
-    p.add_argument("--unnamed-groups", action="store_true",
-                   help="create the same groups without group_desc")
-    p.add_argument("--raw", action="store_true",
-                   help="put traces in OUT/raw/ (the committed scenario layout)")
+    p.add_argument(
+        "--slow-ms",
+        type=float,
+        default=0.0,
+        help="extra busy compute per micro-batch forward on --slow-rank",
+    )
+    p.add_argument(
+        "--unnamed-groups", action="store_true", help="create the same groups without group_desc"
+    )
+    p.add_argument(
+        "--raw", action="store_true", help="put traces in OUT/raw/ (the committed scenario layout)"
+    )
     return p.parse_args(argv)
 
 
-def run(argv: list[str], readme_for: str | None = None,
-        recorded: list[str] | None = None) -> None:
+def run(argv: list[str], readme_for: str | None = None, recorded: list[str] | None = None) -> None:
     """Generate one job from command-line flags (and a scenario README if named).
 
     ``recorded`` is the command line written to truth.json when it differs from ``argv``.
@@ -319,16 +385,30 @@ def run(argv: list[str], readme_for: str | None = None,
     a = parse_args(argv)
     if a.out is None:
         raise SystemExit("--out is required")
-    truth = generate(a.out, tp=a.tp, pp=a.pp, dp=a.dp, microbatches=a.microbatches,
-                     schedule=a.schedule, steps=a.steps, layers=a.layers, hidden=a.hidden,
-                     mb_size=a.mb_size, slow_rank=a.slow_rank, slow_ms=a.slow_ms,
-                     unnamed=a.unnamed_groups, raw=a.raw,
-                     command="python sample_traces/generate.py " + shlex.join(recorded or argv))
+    truth = generate(
+        a.out,
+        tp=a.tp,
+        pp=a.pp,
+        dp=a.dp,
+        microbatches=a.microbatches,
+        schedule=a.schedule,
+        steps=a.steps,
+        layers=a.layers,
+        hidden=a.hidden,
+        mb_size=a.mb_size,
+        slow_rank=a.slow_rank,
+        slow_ms=a.slow_ms,
+        unnamed=a.unnamed_groups,
+        raw=a.raw,
+        command="python sample_traces/generate.py " + shlex.join(recorded or argv),
+    )
     if readme_for:
         (a.out / "README.md").write_text(scenario_readme(readme_for, truth))
     size = sum(f.stat().st_size for f in a.out.glob("**/rank*.json.gz"))
-    print(f"wrote {truth['config']['world_size']} traces ({size / 1e6:.2f} MB) to {a.out} "
-          f"in {truth['generation_wall_s']} s")
+    print(
+        f"wrote {truth['config']['world_size']} traces ({size / 1e6:.2f} MB) to {a.out} "
+        f"in {truth['generation_wall_s']} s"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
