@@ -19,12 +19,13 @@ from collections.abc import Iterator
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.ipc as ipc
+from ranklens.ingest import staging
 from ranklens.ingest.database import registered
 from ranklens.ingest.schema import EVENTS_PLAIN, EVENTS_RICH, EVENTS_SPARSE, TABLE_BY_NAME
+from ranklens.ingest.shards import text_is_in
 
 _EVENTS = TABLE_BY_NAME["events"].column_names
-_OPTIONS = ipc.IpcWriteOptions(compression="lz4")
+_COMM = pa.array(["comm"])
 _RICH = "_rich"  # the mark of a row that goes to events_rich, while it streams to events_plain
 
 
@@ -32,8 +33,9 @@ def rich_mask(batch: pa.RecordBatch) -> pa.Array:
     """Rows that go to `events_rich`: a `comm` row, or one with any sparse column set."""
     names = batch.schema.names
     mask: pa.Array | None = None
-    if "kind" in names:
-        mask = _is_comm(batch.column(names.index("kind")))
+    if "kind" in names:  # False for NULL; tested on a dictionary's few values when encoded
+        comm = text_is_in(batch.column(names.index("kind")), _COMM)
+        mask = comm.combine_chunks() if isinstance(comm, pa.ChunkedArray) else comm
     for c in EVENTS_SPARSE:
         if c in names:
             col = batch.column(names.index(c))
@@ -43,14 +45,6 @@ def rich_mask(batch: pa.RecordBatch) -> pa.Array:
     if mask is None:
         return pa.array([False] * batch.num_rows, pa.bool_())
     return pc.fill_null(mask, False)  # a NULL mark would keep the row out of both tables
-
-
-def _is_comm(kind: pa.Array) -> pa.Array:
-    """kind == 'comm' (False for NULL), tested on the dictionary's few values when encoded."""
-    if pa.types.is_dictionary(kind.type):
-        hit = pc.fill_null(pc.equal(kind.dictionary.cast(pa.string()), "comm"), False)
-        return pc.fill_null(pc.take(hit, kind.indices), False)
-    return pc.fill_null(pc.equal(kind.cast(pa.string()), "comm"), False)
 
 
 def insert_events(con: duckdb.DuckDBPyConnection, rows: pa.Table | pa.RecordBatchReader) -> None:
@@ -70,7 +64,7 @@ def insert_events(con: duckdb.DuckDBPyConnection, rows: pa.Table | pa.RecordBatc
         for batch in reader:
             mask = rich_mask(batch)
             if pc.any(mask).as_py():
-                held.append(_pack(batch.filter(mask).select(names)))
+                held.append(staging.packed(batch.filter(mask).select(names)))
             yield pa.RecordBatch.from_arrays(
                 [*(batch.column(c) for c in plain), mask], schema=marked
             )
@@ -108,21 +102,13 @@ def _append(
         con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _ev{where}")
 
 
-def _pack(batch: pa.RecordBatch) -> pa.Buffer:
-    sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, batch.schema, options=_OPTIONS) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue()
-
-
 def _unpacked(held: list[pa.Buffer], schema: pa.Schema) -> pa.RecordBatchReader:
     """The held rows, one packed batch at a time (each released as it is read)."""
 
     def batches() -> Iterator[pa.RecordBatch]:
         held.reverse()
         while held:
-            with ipc.open_stream(held.pop()) as r:
-                yield from r
+            yield from staging.unpacked(held.pop())
 
     return pa.RecordBatchReader.from_batches(schema, batches())
 

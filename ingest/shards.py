@@ -87,17 +87,17 @@ def comm_mask(table: pa.Table, corr: pa.Array, ext: pa.Array) -> pa.Array:
         ),
         pc.or_kleene(
             pc.is_valid(col("coll_op", pa.string())),
-            _text_is_in(col("name", pa.string()), pa.array(_HOST_P2P)),
+            text_is_in(col("name", pa.string()), pa.array(_HOST_P2P)),
         ),
     )
     launch = pc.and_kleene(
-        _text_is_in(kind, _RUNTIME), pc.is_in(col("correlation", pa.int64()), corr)
+        text_is_in(kind, _RUNTIME), pc.is_in(col("correlation", pa.int64()), corr)
     )
     launched = pc.and_kleene(
         pc.greater_equal(device, 0), pc.is_in(col("external_id", pa.int64()), ext)
     )
     mask = pc.or_kleene(
-        pc.or_kleene(_text_is_in(kind, _COMM), pc.and_kleene(host, named)),
+        pc.or_kleene(text_is_in(kind, _COMM), pc.and_kleene(host, named)),
         pc.or_kleene(launch, launched),
     )
     out = pc.fill_null(mask, False)  # Kleene logic: an unknown never hides a known true
@@ -112,7 +112,7 @@ def unique_keys(keys: list[np.ndarray]) -> pa.Array:
     return pa.array(np.unique(np.concatenate(keys)) if keys else np.empty(0, np.int64))
 
 
-def _text_is_in(col: pa.ChunkedArray | pa.Array, values: pa.Array) -> pa.ChunkedArray | pa.Array:
+def text_is_in(col: pa.ChunkedArray | pa.Array, values: pa.Array) -> pa.ChunkedArray | pa.Array:
     """`col` is one of `values`, for a text column that may be dictionary-encoded: tested on
     each dictionary's few values, not on millions of decoded rows."""
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]

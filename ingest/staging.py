@@ -35,12 +35,22 @@ class Piece:
 def pack(table: pa.Table) -> Piece:
     """Stage `table` (one piece of one rank, one trace): the caller drops its own reference."""
     cols = [c for c in STEP_COLUMNS if c in table.column_names]
-    rest = table.drop_columns(cols)
-    sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, rest.schema, options=_OPTIONS) as writer:
-        writer.write_table(rest)
     trace = int(table["trace_id"][0].as_py()) if "trace_id" in table.column_names else -1
-    return Piece(trace, table.num_rows, table.select(cols), sink.getvalue())
+    return Piece(trace, table.num_rows, table.select(cols), packed(table.drop_columns(cols)))
+
+
+def packed(rows: pa.Table | pa.RecordBatch) -> pa.Buffer:
+    """`rows` as LZ4-compressed Arrow IPC (read back with `unpacked`)."""
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, rows.schema, options=_OPTIONS) as writer:
+        writer.write(rows)
+    return sink.getvalue()
+
+
+def unpacked(buf: pa.Buffer) -> Iterator[pa.RecordBatch]:
+    """The batches of a `packed` buffer."""
+    with ipc.open_stream(buf) as reader:
+        yield from reader
 
 
 def step_table(pieces: list[Piece]) -> pa.Table:
