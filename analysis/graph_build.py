@@ -26,7 +26,7 @@ in-edges) + add[v]: a node's end, an arrival, a join (last arrival) or a member'
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -90,6 +90,8 @@ class Graph:
     inconsistent: int  # members that ended before their last member arrived (eager sends)
     dropped_edges: int  # edges dropped to break cycles of contradicting timestamps
     ranks_gpu: dict[int, bool]
+    # the vertices by topological level, made by the first replay (graph_replay.levels)
+    levels: list[I64] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

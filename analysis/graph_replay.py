@@ -1,9 +1,9 @@
 """Replay of the dependency graph (graph_build.Graph) and its critical path.
 
-Why a plain loop: the graph is a DAG in a known topological order, and a replay is one
-longest-path pass over it (value = max over in-edges of pred value + lag, plus the vertex's
-own time); vertices and edges are plain lists, so a pass over a million vertices takes about a
-second. The critical path is the chain of binding in-edges back from the step's last end.
+Why one pass: the graph is a DAG, and a replay is one longest-path pass over it (value = max
+over in-edges of pred value + lag, plus the vertex's own time), done a topological level at a
+time with numpy (`replay`). The critical path is the chain of binding in-edges back from the
+step's last end.
 """
 
 from __future__ import annotations
@@ -55,7 +55,47 @@ class Replay:
 
 
 def replay(g: Graph, add: I64 | None = None, lag: I64 | None = None, track: bool = False) -> Replay:
-    """One pass in topological order; `add`/`lag` replace the measured ones (a what-if)."""
+    """One longest-path pass; `add`/`lag` replace the measured ones (a what-if).
+
+    Vertex by vertex this is: value = max(base, max over in-edges of pred value + lag) + own
+    time, the binding in-edge the first that reaches that max above the base (`replay_loop`).
+    It runs a topological level at a time (vertices of one level never depend on each
+    other), with numpy over each level's in-edges: the graphs are wide and shallow (527 k
+    vertices in 208 levels on a 1,024-rank job), where a Python loop took 1.1 s a replay.
+    Exact in int64: every value is >= NEG (a base is >= NEG, own times >= 0) and so is every
+    lag (whatif clips them), so value + lag >= 2 * NEG = the smallest int64."""
+    lg = g.e_lag if lag is None else lag
+    ad = g.v_add if add is None else add
+    lv = levels(g)
+    if lv is None or (len(lg) and int(lg.min()) < NEG) or (len(ad) and int(ad.min()) < 0):
+        return replay_loop(g, add, lag, track)
+    val = np.zeros(len(g.v_base), dtype=np.int64)
+    arg = np.full(len(g.v_base), -1, dtype=np.int64)
+    for vs in lv:
+        lo, hi = g.ptr[vs], g.ptr[vs + 1]
+        best = g.v_base[vs].copy()
+        fed = hi > lo
+        if fed.any():
+            deg = (hi - lo)[fed]
+            k = _ranges(lo[fed], deg)
+            cand = val[g.e_src[k]] + lg[k]
+            starts = np.cumsum(deg) - deg
+            top = np.maximum.reduceat(cand, starts)
+            wins = top > best[fed]
+            best[fed] = np.where(wins, top, best[fed])
+            if track:
+                at_top = cand == np.repeat(top, deg)
+                first = np.minimum.reduceat(np.where(at_top, k, len(lg)), starts)
+                arg[vs[fed]] = np.where(wins, first, -1)
+        val[vs] = best + ad[vs]
+    return Replay(val, arg if track else None)
+
+
+def replay_loop(
+    g: Graph, add: I64 | None = None, lag: I64 | None = None, track: bool = False
+) -> Replay:
+    """The same pass as a plain loop over a topological order (what `replay` computes by
+    levels; used when the levels cannot be made, and by the tests as the reference)."""
     ptr = g.ptr.tolist()
     src = g.e_src.tolist()
     lg = (g.e_lag if lag is None else lag).tolist()
@@ -73,6 +113,41 @@ def replay(g: Graph, add: I64 | None = None, lag: I64 | None = None, track: bool
         if track:
             arg[v] = a
     return Replay(np.asarray(val, dtype=np.int64), np.asarray(arg, np.int64) if track else None)
+
+
+def levels(g: Graph) -> list[I64] | None:
+    """The vertices by topological level (a vertex after all its in-edges' sources), made once
+    per graph (Kahn's algorithm a level at a time); None if the edges hold a cycle."""
+    if g.levels is None:
+        n = len(g.v_base)
+        indeg = np.diff(g.ptr)
+        dst = np.repeat(np.arange(n, dtype=np.int64), indeg)
+        by_src = np.argsort(g.e_src, kind="stable")
+        out_dst = dst[by_src]
+        out_ptr = np.concatenate([[0], np.cumsum(np.bincount(g.e_src, minlength=n))])
+        left = indeg.copy()
+        front = np.flatnonzero(left == 0)
+        out: list[I64] = []
+        while len(front):
+            out.append(front)
+            lo = out_ptr[front]
+            nxt = out_dst[_ranges(lo, out_ptr[front + 1] - lo)]
+            if not len(nxt):
+                break
+            hit, times = np.unique(nxt, return_counts=True)
+            left[hit] -= times
+            front = hit[left[hit] == 0]
+        if sum(len(x) for x in out) != n:
+            return None
+        g.levels = out
+    return g.levels
+
+
+def _ranges(starts: I64, lengths: I64) -> I64:
+    """The indices starts[i] .. starts[i] + lengths[i] - 1 of every i, concatenated."""
+    total = int(lengths.sum())
+    shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return np.asarray(np.arange(total, dtype=np.int64) + shift, dtype=np.int64)
 
 
 def step_times(g: Graph, r: Replay) -> I64:
