@@ -201,6 +201,7 @@ def _ingest(
     else:
         for reader, batch in ordered:
             readers.read_batch(reader, batch)
+    sink.flush()  # the small ranks, and the rows of every table held with them
     if not sink.rank_of:
         reasons = "; ".join([s.message for s in report.skipped] + report.warnings)
         raise NoTracesError(

@@ -20,13 +20,18 @@ from ranklens.ingest import event_store, shards, staging
 from ranklens.ingest._model import RankPart, ReadFile, rank_from_name
 from ranklens.ingest.errors import NotATraceError, RankError, RanklensError, TraceFormatError
 from ranklens.ingest.event_store import insert_events
+from ranklens.ingest.held_rows import HeldRows
 from ranklens.ingest.sanity import check_rank, check_times
-from ranklens.ingest.steps import insert_windows, write_rank
+from ranklens.ingest.steps import insert_windows, write_rank, write_ranks
 
 if TYPE_CHECKING:
     from ranklens.ingest.rank_task import RankResult
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+# A rank of fewer events is written together with others (steps.write_ranks), at most about
+# BATCH_ROWS at a time: its own INSERTs and commit would cost more than its rows.
+SMALL_RANK_ROWS = 100_000
+BATCH_ROWS = 400_000
 
 
 @dataclass
@@ -86,6 +91,11 @@ class Sink:
         # A rank's event pieces wait here until the rank is complete (add_rank): its steps are
         # assigned on them and they are written once (steps.write_rank). Packed: staging.py.
         self._staged: dict[int, list[staging.Piece]] = {}
+        # Complete small ranks, still staged, written together (steps.write_ranks) once they
+        # hold BATCH_ROWS, before a large rank, and at the end of the reading (flush).
+        self._small: list[tuple[int, bool, list[staging.Piece]]] = []
+        self._small_rows = 0
+        self._rows = HeldRows()  # their sources, ranks and threads rows, written with them
         self._failed: set[int] = set()  # trace ids of files a sharded ingest refused
 
     def fail(self, trace_id: int, path: str, err: RanklensError, size: int = 0) -> None:
@@ -104,10 +114,10 @@ class Sink:
             shards.remove_parts(self.run_dir, trace_id)
         for table in ("ranks", "sources"):
             self.con.execute(f"DELETE FROM {table} WHERE trace_id = ?", [trace_id])
+            self._rows.drop(table, "trace_id", [trace_id])
         self.report.skipped.append(Skipped(path, err.message))
-        self.con.execute(
-            "INSERT INTO sources VALUES (?, ?, 'unknown', ?, NULL, NULL, 0, 'skipped', ?)",
-            [trace_id, path, size, err.message],
+        self._rows.add(
+            "sources", [(trace_id, path, "unknown", size, None, None, 0, "skipped", err.message)]
         )
 
     def claim_rank(
@@ -132,15 +142,44 @@ class Sink:
             self._staged.setdefault(table["rank"][0].as_py(), []).append(staging.pack(table))
 
     def drop_events(self, trace_id: int) -> None:
-        """Forget a file's events, staged or written (its file turned out bad)."""
+        """Forget a file's events, staged, waiting to be written or written (its file turned
+        out bad)."""
         for rank in list(self._staged):
             self._staged[rank] = [p for p in self._staged[rank] if p.trace_id != trace_id]
+        kept = [(r, g, [p for p in ps if p.trace_id != trace_id]) for r, g, ps in self._small]
+        self._small = [(r, g, ps) for r, g, ps in kept if ps]
+        self._small_rows = sum(p.rows for _r, _g, ps in self._small for p in ps)
         event_store.delete_trace(self.con, trace_id)
 
     def _write_rank(self, rank: int, has_gpu: bool) -> None:
         pieces = self._staged.pop(rank, [])
-        if pieces:
+        n = sum(p.rows for p in pieces)
+        if n >= SMALL_RANK_ROWS:
+            self.flush()  # the ranks before it first: rows stay in the order ranks came
             write_rank(self.con, rank, has_gpu, pieces)
+        elif pieces:
+            self._small.append((rank, has_gpu, pieces))
+            self._small_rows += n
+            if self._small_rows >= BATCH_ROWS:
+                self.flush()
+
+    def flush(self) -> None:
+        """Write the small ranks that wait (before anything reads `events` or `steps`). This
+        runs while some file is being read, but a failure is not that file's: it stops the
+        ingest (WriteFailed), so no file whose rows were lost is recorded as read."""
+        small, self._small, self._small_rows = self._small, [], 0
+        try:
+            self._rows.write(self.con)
+            write_ranks(self.con, small)
+        except Exception as exc:
+            if not is_file_error(exc):
+                raise  # the machine's (memory, disk): as from any write
+            ranks = [r for r, _g, _p in small]
+            raise WriteFailed(
+                f"writing the events of ranks {ranks} failed ({type(exc).__name__}: "
+                f"{(str(exc).splitlines() or [''])[0][:200]})",
+                "nothing was kept; run again with --debug and report it",
+            ) from exc
 
     def add_rank(
         self,
@@ -153,30 +192,31 @@ class Sink:
         info: dict[str, Any],
         n_events: int,
     ) -> None:
-        self.con.execute(
-            "INSERT INTO sources VALUES (?, ?, ?, ?, ?, ?, ?, 'ok', NULL)",
-            [trace_id, path, fmt, size, sha, rank, n_events],
-        )
-        self.con.execute(
-            "INSERT INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 'none', NULL)",
+        self._rows.add("sources", [(trace_id, path, fmt, size, sha, rank, n_events, "ok", None)])
+        self._rows.add(
+            "ranks",
             [
-                rank,
-                info.get("world_size"),
-                trace_id,
-                info.get("host"),
-                info.get("pid"),
-                info.get("backend"),
-                info.get("device_name"),
-                info.get("num_sms"),
-                bool(info.get("has_gpu")),
+                (
+                    rank,
+                    info.get("world_size"),
+                    trace_id,
+                    info.get("host"),
+                    info.get("pid"),
+                    info.get("backend"),
+                    info.get("device_name"),
+                    info.get("num_sms"),
+                    bool(info.get("has_gpu")),
+                    0,
+                    "none",
+                    None,
+                )
             ],
         )
         self._write_rank(rank, bool(info.get("has_gpu")))
 
     def add_threads(self, rank: int, threads: Iterable[tuple[int, int, str]]) -> None:
         rows = {(rank, p, t, n) for p, t, n in threads}
-        if rows:
-            self.con.executemany("INSERT INTO threads VALUES (?, ?, ?, ?)", sorted(rows))
+        self._rows.add("threads", sorted(rows))
 
     def claim(self, trace_id: int, path: str, part: RankPart) -> int:
         """Claim the rank `part` is of for `path` (the file name's rank when the part does not
@@ -232,7 +272,7 @@ class Sink:
         if res.comm is not None and res.comm.num_rows:
             with event_store.transaction(self.con):
                 insert_events(self.con, res.comm)
-        insert_windows(self.con, rank, res.windows)
+        insert_windows(self.con, [(rank, res.windows)])
         part = RankPart(rank, res.info, groups=res.groups, threads=res.threads)
         part.warnings = res.warnings
         self.finish_part(
@@ -253,8 +293,14 @@ class Sink:
         errors (is_file_error) pass through."""
         try:
             yield
+        except WriteFailed:
+            raise  # the ranks written with others, not this file (flush)
         except Exception as exc:
             self.fail(trace_id, path, file_error(path, exc), file_size(path))
+
+
+class WriteFailed(RanklensError):
+    """Ranks already read could not be written together (Sink.flush): the ingest stops."""
 
 
 def require_rank(path: str, rank: int | None) -> int:

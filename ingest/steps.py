@@ -29,25 +29,56 @@ def write_rank(
     """Assign steps to one rank's events (its staged pieces), then write them and its steps to
     the database, a piece at a time. Consumes `pieces`."""
     n = sum(p.rows for p in pieces)
-    if n == 0:
-        pieces.clear()
+    if n < PARALLEL_ROWS:
+        write_ranks(con, [(rank, has_gpu, pieces)])
         return
     step, windows = step_assign.assign(staging.step_table(pieces), has_gpu)
-    insert_windows(con, rank, windows)
+    insert_windows(con, [(rank, windows)])
     schema = _stream_schema(pieces)
-    # One INSERT for the whole rank, fed a piece at a time: DuckDB pays its per-statement
-    # setup and half-filled row groups once per rank, not once per piece (the write of a 400 MB
-    # trace's 1.3 M rows: 1.7 -> 1.2 s), and memory stays one unpacked piece per INSERT. A
-    # large rank is two INSERTs on two threads (_insert_two: 1.2 -> 0.74 s for that trace).
-    half = _second_half(pieces) if n >= PARALLEL_ROWS else len(pieces)
-    if half == len(pieces):
-        with event_store.transaction(con):
-            insert_events(con, _reader(pieces, step, 0, schema))
-        return
+    # A large rank is two INSERTs on two threads (_insert_two: 1.2 -> 0.74 s for the 400 MB
+    # trace's 1.3 M rows).
+    half = _second_half(pieces)
     second = pieces[half:]
     del pieces[half:]
     at = n - sum(p.rows for p in second)
     _insert_two(con, _reader(pieces, step, 0, schema), _reader(second, step, at, schema))
+
+
+def write_ranks(
+    con: duckdb.DuckDBPyConnection, ranks: list[tuple[int, bool, list[staging.Piece]]]
+) -> None:
+    """Ranks (rank, has_gpu, its pieces), each with its steps assigned on its own pieces, written
+    in one transaction: one INSERT of their windows, one stream of all their events. Consumes
+    the pieces.
+
+    Why together: DuckDB pays its per-statement setup and half-filled row groups once per
+    INSERT, not once per piece (the write of a 400 MB trace's 1.3 M rows: 1.7 -> 1.2 s), and
+    its commit once per transaction. A rank of a 1,024-rank job holds ~2 k events, for which
+    that overhead (~20 ms: Arrow registration, planning, commit) was the whole write: the
+    Sink collects small ranks and writes them here together (Sink.SMALL_RANK_ROWS). Memory stays
+    one unpacked piece at a time."""
+    for _r, _g, pieces in ranks:
+        if not any(p.rows for p in pieces):
+            pieces.clear()
+    ranks = [(r, g, pieces) for r, g, pieces in ranks if pieces]
+    if not ranks:
+        return
+    assigned = [step_assign.assign(staging.step_table(pieces), g) for _r, g, pieces in ranks]
+    try:
+        one = _stream_schema([p for _r, _g, pieces in ranks for p in pieces])
+        schemas = [one] * len(ranks)
+    except pa.ArrowException:  # a column typed apart by two readers: an INSERT per rank
+        schemas = [_stream_schema(pieces) for _r, _g, pieces in ranks]
+    streams: list[tuple[pa.Schema, list[pa.RecordBatchReader]]] = []
+    for (_r, _g, pieces), (step, _w), schema in zip(ranks, assigned, schemas, strict=True):
+        if not streams or streams[-1][0] is not schema:
+            streams.append((schema, []))
+        streams[-1][1].append(_reader(pieces, step, 0, schema))
+    with event_store.transaction(con):
+        insert_windows(con, [(r, w) for (r, _g, _p), (_s, w) in zip(ranks, assigned, strict=True)])
+        for schema, readers in streams:
+            batches = (batch for reader in readers for batch in reader)
+            insert_events(con, pa.RecordBatchReader.from_batches(schema, batches))
 
 
 def _reader(
@@ -128,21 +159,23 @@ def _wait(thread: threading.Thread) -> None:
 
 
 def insert_windows(
-    con: duckdb.DuckDBPyConnection, rank: int, windows: list[step_assign.Window]
+    con: duckdb.DuckDBPyConnection,
+    ranks: list[tuple[int, list[step_assign.Window]]],
 ) -> None:
-    """The rank's rows of `steps`, in one statement (executemany costs ~0.5 ms a row: 75 ms
-    for a trace of 144 steps)."""
-    if not windows:
+    """Ranks' rows of `steps` (rank, its windows), in one statement (executemany costs ~0.5 ms
+    a row: 75 ms for a trace of 144 steps)."""
+    ws = [(rank, w) for rank, windows in ranks for w in windows]
+    if not ws:
         return
     rows = pa.table(
         {
-            "rank": pa.array([rank] * len(windows), pa.int32()),
-            "step": pa.array([w.step for w in windows], pa.int32()),
-            "cpu_start_ns": pa.array([w.cpu_start_ns for w in windows], pa.int64()),
-            "cpu_end_ns": pa.array([w.cpu_end_ns for w in windows], pa.int64()),
-            "start_ns": pa.array([w.start_ns for w in windows], pa.int64()),
-            "end_ns": pa.array([w.end_ns for w in windows], pa.int64()),
-            "source": pa.array([w.source for w in windows], pa.string()),
+            "rank": pa.array([rank for rank, _w in ws], pa.int32()),
+            "step": pa.array([w.step for _r, w in ws], pa.int32()),
+            "cpu_start_ns": pa.array([w.cpu_start_ns for _r, w in ws], pa.int64()),
+            "cpu_end_ns": pa.array([w.cpu_end_ns for _r, w in ws], pa.int64()),
+            "start_ns": pa.array([w.start_ns for _r, w in ws], pa.int64()),
+            "end_ns": pa.array([w.end_ns for _r, w in ws], pa.int64()),
+            "source": pa.array([w.source for _r, w in ws], pa.string()),
         }
     )
     with registered(con, "_steps", rows):
