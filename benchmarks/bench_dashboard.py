@@ -57,7 +57,7 @@ SQL_100K = (
 def build(repeat: int) -> Path:
     """The replicated run (built once, then reused)."""
     from ranklens.ingest import load_traces
-    from ranklens.ingest.schema import ddl
+    from ranklens.ingest.schema import EVENTS_PLAIN, EVENTS_RICH, ddl
 
     out = WORK / f"dash_64r_x{repeat}.duckdb"
     if out.exists():
@@ -87,17 +87,18 @@ def build(repeat: int) -> Path:
 
     t0 = time.perf_counter()
     pg = "CASE WHEN pg_name IS NULL THEN NULL ELSE pg_name || '_' || c END"
-    copy(
-        "events",
-        {
-            "rank": f"rank + c * {n_ranks}",
-            "ts_ns": f"ts_ns + {shift}",
-            "step": f"step + j * {nsteps}",
-            "pg_name": pg,
-            "peer": f"peer + c * {n_ranks}",
-        },
-        "ORDER BY c, rank, j, ts_ns",
-    )
+    for table in (EVENTS_RICH, EVENTS_PLAIN):  # `events` is a view over these two
+        copy(
+            table,
+            {
+                "rank": f"rank + c * {n_ranks}",
+                "ts_ns": f"ts_ns + {shift}",
+                "step": f"step + j * {nsteps}",
+                "pg_name": pg,
+                "peer": f"peer + c * {n_ranks}",
+            },
+            "ORDER BY c, rank, j, ts_ns",
+        )
     copy(
         "steps",
         {
