@@ -175,8 +175,9 @@ class Sink:
             if not is_file_error(exc):
                 raise  # the machine's (memory, disk): as from any write
             ranks = [r for r, _g, _p in small]
+            named = f"{ranks[:8]}" + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
             raise WriteFailed(
-                f"writing the events of ranks {ranks} failed ({type(exc).__name__}: "
+                f"writing the events of ranks {named} failed ({type(exc).__name__}: "
                 f"{(str(exc).splitlines() or [''])[0][:200]})",
                 "nothing was kept; run again with --debug and report it",
             ) from exc

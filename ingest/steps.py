@@ -1,4 +1,5 @@
-"""The one write of a rank's events, each with its step, and of its step windows.
+"""The one write of a rank's events, each with its step, and of its step windows (small ranks
+several at a time: write_ranks).
 
 Why per rank, before the write: a rank's steps depend only on its own events, so they are
 computed on its staged pieces (`step_assign.assign`, a pure function of the step columns) and
