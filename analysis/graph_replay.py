@@ -67,7 +67,8 @@ def replay(g: Graph, add: I64 | None = None, lag: I64 | None = None, track: bool
     lg = g.e_lag if lag is None else lag
     ad = g.v_add if add is None else add
     lv = levels(g)
-    if lv is None or (len(lg) and int(lg.min()) < NEG) or (len(ad) and int(ad.min()) < 0):
+    low = (len(lg) and int(lg.min()) < NEG) or (len(ad) and int(ad.min()) < 0)
+    if lv is None or low or (len(g.v_base) and int(g.v_base.min()) < NEG):
         return replay_loop(g, add, lag, track)
     val = np.zeros(len(g.v_base), dtype=np.int64)
     arg = np.full(len(g.v_base), -1, dtype=np.int64)

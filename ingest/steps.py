@@ -56,8 +56,8 @@ def write_ranks(
     INSERT, not once per piece (the write of a 400 MB trace's 1.3 M rows: 1.7 -> 1.2 s), and
     its commit once per transaction. A rank of a 1,024-rank job holds ~2 k events, for which
     that overhead (~20 ms: Arrow registration, planning, commit) was the whole write: the
-    Sink collects small ranks and writes them here together (Sink.SMALL_RANK_ROWS). Memory stays
-    one unpacked piece at a time."""
+    Sink collects small ranks (sink.SMALL_RANK_ROWS) and writes them here together. Memory
+    stays one unpacked piece at a time."""
     for _r, _g, pieces in ranks:
         if not any(p.rows for p in pieces):
             pieces.clear()
