@@ -7,6 +7,7 @@ damaged one and one of another schema version apart.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -104,5 +105,9 @@ def registered(con: duckdb.DuckDBPyConnection, name: str, table: Any) -> Iterato
     con.register(name, table)
     try:
         yield
-    finally:
-        con.unregister(name)
+    except BaseException:
+        # in a transaction the failure aborted, unregister fails too: the failure is the news
+        with contextlib.suppress(duckdb.Error):
+            con.unregister(name)
+        raise
+    con.unregister(name)

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Generator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -117,29 +118,45 @@ def _run_pool(batch: Batch, pool: ProcessPoolExecutor, shas: dict[str, str]) -> 
 
     # A file's rank is written (steps assigned, one INSERT) only after the next file's
     # first pieces are in flight, so that the workers decode while the main process writes.
+    # A file of one piece is drained only once the next file's pieces are in flight too: with
+    # one file in flight the workers took turns (a 1,024-rank job's main process waited 7 s
+    # of 17 for them). A larger file is drained first, which bounds the pieces in flight.
+    # Whatever a file's start raised, and its rank claim, come at its turn (`drain`), so
+    # files are claimed, refused and reported in their order.
     deferred: Callable[[], None] | None = None
+    started: list[_Started] = []
+
+    def drain() -> None:
+        nonlocal deferred
+        st = started.pop(0)
+        try:
+            with sink.reading(st.tid, st.path):  # a dead worker is not the file's fault: it passes
+                if st.error is not None:
+                    raise st.error
+                assert st.prep is not None and st.decoding is not None
+                rank = sink.claim(st.tid, st.path, RankPart(st.prep.rank, st.prep.info))
+                assert rank == st.rank, (rank, st.rank)
+                if deferred is not None:
+                    finish_last = deferred
+                    deferred = None
+                    finish_last()
+                deferred = _drain(st.decoding)
+        except BrokenProcessPool:
+            raise WorkerDied(st.path, lifecycle.worked(pool)) from None
+        finally:
+            st.close()
+        batch.file_done(st.path)
+
     try:
         for i, (tid, f) in enumerate(batch.files):
+            if started and started[-1].pieces > 1:
+                drain()
             prepare_upto(i)
-            prep = None
-            try:
-                with sink.reading(tid, f):  # a dead worker is not the file's fault: it passes
-                    prep = preps[i].result()
-                    prep.sha256 = prep.sha256 or shas.pop(f, "")
-                    rank = sink.claim(tid, f, RankPart(prep.rank, prep.info))
-                    decoding = _parallel_file(sink, pool, tid, prep, rank, n)
-                    next(decoding)  # this file's first pieces are now in flight
-                    if deferred is not None:
-                        finish_last = deferred
-                        deferred = None
-                        finish_last()
-                    deferred = _drain(decoding)
-            except BrokenProcessPool:
-                raise WorkerDied(f, lifecycle.worked(pool)) from None
-            finally:
-                if prep is not None:
-                    kineto.cleanup(prep)
-            batch.file_done(f)
+            started.append(_start(sink, pool, preps[i], shas, tid, f, n))
+            while len(started) > 1:
+                drain()
+        while started:
+            drain()
         if deferred is not None:
             # Nothing is left to decode: the workers go (and the memory they hold, ~60-80 MB
             # each) before the last rank's write, the ingest's peak (run_parallel's own
@@ -147,11 +164,59 @@ def _run_pool(batch: Batch, pool: ProcessPoolExecutor, shas: dict[str, str]) -> 
             pool.shutdown(wait=True)
             deferred()
     finally:
+        for st in started:  # an early exit: started files' inflated copies go too
+            st.close()
         # On an early exit (error, interrupt) files prepared ahead still hold inflated .gz
         # copies: remove them as their preparation ends (the pool waits for it on exit).
         for fut in preps:
             fut.cancel()
             fut.add_done_callback(_cleanup_prepared)
+
+
+@dataclass
+class _Started:
+    """A file whose first pieces are in flight (or what its start raised), not drained yet."""
+
+    tid: int
+    path: str
+    prep: kineto.Prepared | None = None
+    rank: int = -1
+    decoding: Generator[None, None, Callable[[], None]] | None = None
+    error: Exception | None = None
+
+    @property
+    def pieces(self) -> int:
+        return len(self.prep.pieces) if self.prep is not None else 0
+
+    def close(self) -> None:
+        """Stop its decoding (pieces still running are left to finish) and remove its copy."""
+        if self.decoding is not None:
+            self.decoding.close()
+        if self.prep is not None:
+            kineto.cleanup(self.prep)
+
+
+def _start(
+    sink: Sink,
+    pool: ProcessPoolExecutor,
+    prepared: Future[kineto.Prepared],
+    shas: dict[str, str],
+    tid: int,
+    path: str,
+    n: int,
+) -> _Started:
+    """Submit a file's first pieces, with the rank it names (claimed at its turn); an error is
+    kept for its turn."""
+    st = _Started(tid, path)
+    try:
+        st.prep = prepared.result()
+        st.prep.sha256 = st.prep.sha256 or shas.pop(path, "")
+        st.rank = sink.rank_named(path, RankPart(st.prep.rank, st.prep.info))
+        st.decoding = _parallel_file(sink, pool, tid, st.prep, st.rank, n)
+        next(st.decoding)  # its first pieces are now in flight
+    except Exception as exc:
+        st.error = exc
+    return st
 
 
 def _drain(decoding: Generator[None, None, Callable[[], None]]) -> Callable[[], None]:

@@ -219,6 +219,13 @@ class Sink:
         rows = {(rank, p, t, n) for p, t, n in threads}
         self._rows.add("threads", sorted(rows))
 
+    def rank_named(self, path: str, part: RankPart) -> int:
+        """The rank `claim` would give `part` of `path`, checked but not claimed (a reader
+        decoding ahead claims it at the file's turn)."""
+        rank = require_rank(path, part.rank if part.rank is not None else rank_from_name(path))
+        check_rank(path, rank, part.info)
+        return rank
+
     def claim(self, trace_id: int, path: str, part: RankPart) -> int:
         """Claim the rank `part` is of for `path` (the file name's rank when the part does not
         say); a RankError when neither tells, or another file has it."""

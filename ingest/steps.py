@@ -78,8 +78,34 @@ def write_ranks(
     with event_store.transaction(con):
         insert_windows(con, [(r, w) for (r, _g, _p), (_s, w) in zip(ranks, assigned, strict=True)])
         for schema, readers in streams:
-            batches = (batch for reader in readers for batch in reader)
+            batches = _coalesced(batch for reader in readers for batch in reader)
             insert_events(con, pa.RecordBatchReader.from_batches(schema, batches))
+
+
+def _coalesced(batches: Iterator[pa.RecordBatch], rows: int = 65_536) -> Iterator[pa.RecordBatch]:
+    """The batches joined into batches of at least `rows` (the last may be fewer): a small
+    rank's events are one batch of ~2 k rows, and every batch costs DuckDB's scan and the
+    rich/plain split a fixed amount (the flushes of a 1,024-rank job: 8.6 -> 5.4 s)."""
+    held: list[pa.RecordBatch] = []
+    n = 0
+    for batch in batches:
+        held.append(batch)
+        n += batch.num_rows
+        if n >= rows:
+            yield from _joined(held)
+            held, n = [], 0
+    if held:
+        yield from _joined(held)
+
+
+def _joined(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    """One batch of `batches`' rows; themselves where Arrow cannot join them (a dictionary
+    holding a null, as Nsight's kernel labels may: "cannot yet unify dictionaries")."""
+    try:
+        joined: list[pa.RecordBatch] = pa.Table.from_batches(batches).combine_chunks().to_batches()
+        return joined
+    except pa.ArrowInvalid:
+        return batches
 
 
 def _reader(

@@ -161,3 +161,22 @@ def test_a_failed_write_of_held_ranks_stops_the_ingest_and_blames_no_file(
         load_traces([str(SAMPLES / "megatron_tp2_pp2_dp2")], db, workers=1, on_error="skip")
     assert "a bug in the write" in err.value.message and err.value.hint
     assert not db.exists()  # an ingest that stopped leaves no database
+
+
+def test_small_batches_are_joined_unless_arrow_cannot() -> None:
+    names = pa.array(["a", "b", None]).dictionary_encode()
+    batches = [
+        pa.record_batch({"x": pa.array([i, i + 1, i + 2], pa.int64()), "name": names})
+        for i in range(0, 30, 3)
+    ]
+    joined = list(steps._coalesced(iter(batches), rows=7))
+    assert [b.num_rows for b in joined] == [9, 9, 9, 3]  # >= 7 rows each, the last what is left
+    assert pa.Table.from_batches(joined).equals(pa.Table.from_batches(batches))
+    # a dictionary holding a null (Nsight's kernel labels can): passed on as they came
+    odd = [
+        pa.record_batch(
+            {"name": pa.DictionaryArray.from_arrays(pa.array([0, 1], pa.int32()), pa.array(d))}
+        )
+        for d in (["a", None], ["b", None], ["c", None])
+    ]
+    assert list(steps._coalesced(iter(odd), rows=4)) == odd
