@@ -90,8 +90,7 @@ class Graph:
     inconsistent: int  # members that ended before their last member arrived (eager sends)
     dropped_edges: int  # edges dropped to break cycles of contradicting timestamps
     ranks_gpu: dict[int, bool]
-    # the vertices by topological level, made by the first replay (graph_replay.levels)
-    levels: list[I64] | None = field(default=None, repr=False)
+    levels: list[I64] | None = field(default=None, repr=False)  # graph_replay.levels' cache
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,12 @@ import pyarrow.compute as pc
 from ranklens.ingest.database import registered
 from ranklens.ingest.schema import TABLE_BY_NAME
 
-_TYPES = {"INTEGER": pa.int32(), "BIGINT": pa.int64(), "VARCHAR": pa.string()}
-_TYPES["BOOLEAN"] = pa.bool_()
+_TYPES = {
+    "INTEGER": pa.int32(),
+    "BIGINT": pa.int64(),
+    "VARCHAR": pa.string(),
+    "BOOLEAN": pa.bool_(),
+}
 TABLES = ("sources", "ranks", "threads")
 
 
