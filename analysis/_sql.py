@@ -10,6 +10,7 @@ import duckdb
 import polars as pl
 
 _HELD = "_ranklens_held_"  # prefix of the temp tables that hold a view's rows (materialized)
+_APPLIED = "_ranklens_applied"  # temp table: the SQL files apply_sql ran on this connection
 
 
 _REQUIRES = re.compile(r"\A-- requires: ([\w, ]+)\n")
@@ -51,14 +52,66 @@ def apply_sql(con: duckdb.DuckDBPyConnection, *names: str) -> None:
     """Create the temp views/macros of the named SQL files and the files they require
     (idempotent: CREATE OR REPLACE).
 
+    A file of views and macros runs once per connection: creating a view binds it and every
+    view under it (10-70 ms each, 0.3 s for pipeline_steps), and an ingest's analyses apply
+    the same files ~20 times. What ran is recorded in a temp table, so a rolled-back
+    transaction forgets its views and its record together. A file that builds a table
+    (critical_path numbers the events) runs every time. Nor does a file run whose views the
+    run stores as this code wrote them (views.store_views): a temp view would be their twin.
+
     Views held by an enclosing HeldViews block keep reading their temp table. ASOF joins
     stay ASOF joins: DuckDB turns one whose left side it *estimates* small into a nested loop
     (asof_loop_join_threshold), and its estimate of a materialized CTE can be far too small
     (the pipeline blocks of 1,024 ranks: 35 s as a loop, 0.7 s as an ASOF join)."""
+    done = _applied(con)
+    todo = [n for n in with_requirements(names) if n not in done]
+    if not todo:
+        return
     keep_asof_joins(con)
-    for name in with_requirements(names):
+    for name in todo:
         con.execute(sql_text(name))
+    once = [(n,) for n in todo if not builds_table(n)]
+    if once:
+        con.executemany(f"INSERT INTO temp.{_APPLIED} VALUES (?)", once)
     _redirect(con, held_views(con))
+
+
+def _applied(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The SQL files apply_sql need not run on `con` (its docstring says which)."""
+    new = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE temporary AND table_name = ?", [_APPLIED]
+    ).fetchone() == (0,)
+    if new:
+        from ranklens.analysis import views  # views builds on this module
+
+        keep_asof_joins(con)  # on every connection, whether or not a file runs
+        con.execute(f"CREATE TEMP TABLE {_APPLIED} (name VARCHAR)")
+        if views.stored_views_current(con):
+            stored = [(n,) for n in views.view_files() if not builds_table(n)]
+            con.executemany(f"INSERT INTO temp.{_APPLIED} VALUES (?)", stored)
+    return {str(r[0]) for r in con.execute(f"SELECT name FROM temp.{_APPLIED}").fetchall()}
+
+
+@cache
+def builds_table(name: str) -> bool:
+    """Whether the SQL file creates a table (data of the moment, so it runs at every apply)."""
+    return re.search(r"\bTEMP\s+TABLE\b", sql_text(name), re.IGNORECASE) is not None
+
+
+@cache
+def definition(name: str, view: str) -> str:
+    """The statement of SQL file `name` (or of a file it requires) that creates `view`."""
+    pattern = re.compile(rf"CREATE\s+OR\s+REPLACE\s+TEMP\s+VIEW\s+{view}\s+AS\b", re.I)
+    for file in with_requirements([name]):
+        for stmt in _statements(file):
+            if pattern.search(stmt):
+                return stmt
+    raise KeyError(f"no view {view} in {name}.sql or the files it requires")
+
+
+@cache
+def _statements(name: str) -> tuple[str, ...]:
+    return tuple(s.query for s in duckdb.extract_statements(sql_text(name)))
 
 
 def keep_asof_joins(con: duckdb.DuckDBPyConnection) -> None:
@@ -89,7 +142,8 @@ class HeldViews:
     unions from several queries (the report from several analyses), each a sort of every event.
     Lifetime: entering applies `sql_file` and fills a temp table per view (in the given order:
     each may read the ones before it, already held) and points the view at it; every
-    apply_sql meanwhile keeps it pointed there; leaving drops the tables and restores the views.
+    apply_sql meanwhile keeps it pointed there; leaving drops the tables and restores each view
+    from its own statement.
     The state lives in the database (temp tables named _ranklens_held_<view>), so a nested
     block over a view an outer one holds leaves it to the outer one. Only for a block during
     which the database does not change."""
@@ -120,11 +174,10 @@ class HeldViews:
 
     def close(self) -> None:
         """Drop this block's tables and restore its views (idempotent)."""
-        if self.mine:
-            for view in self.mine:
-                self.con.execute(f"DROP TABLE IF EXISTS temp.{_HELD}{view}")
-            self.mine = []
-            apply_sql(self.con, self.sql_file)
+        for view in self.mine:
+            self.con.execute(f"DROP TABLE IF EXISTS temp.{_HELD}{view}")
+            self.con.execute(definition(self.sql_file, view))
+        self.mine = []
 
 
 def query_pl(

@@ -149,9 +149,19 @@ def _schedule(
     """One row per pipeline and step: schedule, closed form, measured bubble, decomposition."""
     rows: list[dict[str, Any]] = []
     inf = {(r["pp_group"], r["step"]): r for r in inferred.iter_rows(named=True)}
-    for (group, step), part in by_step.group_by("pp_group", "step", maintain_order=True):
+    # Grouped once in Python: a polars filter or sort per pipeline-step costs ~1 ms each,
+    # seconds on a 1,024-rank job (256 pipelines x steps).
+    parts: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for r in by_step.iter_rows(named=True):  # ordered by pp_group, step, stage
+        parts.setdefault((r["pp_group"], r["step"]), []).append(r)
+    known = blocks.filter(pl.col("mb").is_not_null())
+    cols = ("pp_group", "step", "stage", "phase", "mb", "start_ns", "end_ns")
+    block_rows: dict[tuple[Any, Any], list[tuple[Any, ...]]] = {}
+    for b in known.select(cols).iter_rows():  # in the blocks' order (rank, step, start)
+        block_rows.setdefault((b[0], b[1]), []).append(b[2:])
+    for (group, step), part in parts.items():
         base = inf.get((group, step), {})
-        size = int(part["pp_size"][0])
+        size = int(part[0]["pp_size"])
         m = p.microbatches or base.get("m")
         v = p.virtual_stages or base.get("v") or 1
         schedule = p.schedule or base.get("schedule")
@@ -167,14 +177,13 @@ def _schedule(
         else:
             ideal = base.get("closed_form_ideal")
             convention = base.get("convention")
-        bub = part["bubble_ns"].cast(pl.Float64).to_list()
-        work = part["work_ns"].cast(pl.Float64).to_list()
-        has_work = None not in work and sum(work) > 0
+        bub = [float(r["bubble_ns"]) for r in part]
+        raw_work = [r["work_ns"] for r in part]
+        has_work = None not in raw_work and sum(raw_work) > 0
+        work = [float(w) for w in raw_work] if has_work else []
         mean_bubble = sum(bub) / len(bub) if bub else 0.0
         mean_work = sum(work) / len(work) if has_work else None
-        heavy = part.sort("work_ns", descending=True, nulls_last=True, maintain_order=True).row(
-            0, named=True
-        )
+        heavy = max(part, key=lambda r: r["work_ns"]) if has_work else {}  # the first heaviest
         row: dict[str, Any] = {
             "pp_group": group,
             "step": step,
@@ -193,10 +202,10 @@ def _schedule(
             "mean_bubble_ns": int(mean_bubble),
             "mean_work_ns": None if mean_work is None else int(mean_work),
             "busy_max_over_mean": max(work) / mean_work if mean_work else None,
-            "heavy_stage": heavy["stage"] if has_work else None,
-            "heavy_rank": heavy["rank"] if has_work else None,
+            "heavy_stage": heavy.get("stage"),
+            "heavy_rank": heavy.get("rank"),
         }
-        row.update(_decomposition(group, step, size, row, blocks, mean_bubble))
+        row.update(_decomposition(size, row, block_rows.get((group, step), []), mean_bubble))
         rows.append(row)
     schema = {c: _SCHEDULE_TYPES.get(c, pl.Int64) for c in SCHEDULE_COLUMNS}
     return pl.DataFrame(rows, schema=schema, orient="row").select(SCHEDULE_COLUMNS)
@@ -224,8 +233,10 @@ _SCHEDULE_TYPES: dict[str, Any] = {
 
 
 def _decomposition(
-    group: str, step: int, p: int, row: dict[str, Any], blocks: pl.DataFrame, mean_bubble: float
+    p: int, row: dict[str, Any], blocks: list[tuple[Any, ...]], mean_bubble: float
 ) -> dict[str, Any]:
+    """The bubble's decomposition for one pipeline-step, from its blocks of known microbatch
+    (stage, phase, mb, start_ns, end_ns)."""
     out: dict[str, Any] = {
         k: None
         for k in (
@@ -247,12 +258,7 @@ def _decomposition(
     if row["schedule"] not in ("gpipe", "1f1b", "zero_bubble") or not m or ideal is None:
         out["decomposition"] = "needs a non-interleaved schedule with known m"
         return out
-    part = blocks.filter((pl.col("pp_group") == group) & (pl.col("step") == step))
-    bl = [
-        Block(int(b["stage"]), str(b["phase"]), int(b["mb"]), b["start_ns"], b["end_ns"])
-        for b in part.iter_rows(named=True)
-        if b["mb"] is not None
-    ]
+    bl = [Block(int(st), str(ph), int(mb), s, e) for st, ph, mb, s, e in blocks]
     dec, why = decompose(bl, p, int(m), float(ideal), mean_bubble)
     out["decomposition"] = why
     if dec is None:

@@ -45,9 +45,16 @@ def findings(
         return []
     out: list[Finding] = []
     groups: list[dict[str, Any]] = []
+    # split once (a filter of every stage and block per pipeline costs seconds on 256 pipelines)
+    by_group = stages.partition_by("pp_group", as_dict=True)
+    spans = {
+        g: (int(s), int(e))
+        for g, s, e in blocks.group_by("pp_group")
+        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+        .iter_rows()
+    }
     for (group,), part in sched.group_by("pp_group", maintain_order=True):
-        st = stages.filter(pl.col("pp_group") == group)
-        bl = blocks.filter(pl.col("pp_group") == group)
+        st = by_group.get((group,), stages.clear())
         window = float((st["window_ns"].sum() / max(int(st["steps"].sum()), 1)) or 0)
         groups.append(
             {
@@ -57,9 +64,7 @@ def findings(
                 "ranks": tuple(int(r) for r in st.sort("stage")["rank"]),
                 "steps": tuple(int(s) for s in part["step"]),
                 "window": window,
-                "span": (int(bl["start_ns"].min()), int(bl["end_ns"].max()))  # type: ignore[arg-type]
-                if not bl.is_empty()
-                else None,
+                "span": spans.get(group),
             }
         )
     out += _schedule_rule(groups, p)

@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 from collections.abc import Iterable
+from functools import cache
 from types import ModuleType
 
 import duckdb
@@ -37,15 +38,19 @@ def apply_all_views(con: duckdb.DuckDBPyConnection) -> None:
 
 def ensure_views(con: duckdb.DuckDBPyConnection) -> None:
     """The analysis views on `con`: the run's stored ones when they are this code's (nothing
-    to do), else temp ones (apply_all_views) shadowing whatever older code stored."""
-    if stored_views_current(con):
-        _sql.keep_asof_joins(con)  # what apply_sql would have set
-    else:
-        apply_all_views(con)
+    to create), else temp ones shadowing whatever older code stored (apply_sql decides)."""
+    apply_all_views(con)
 
 
 def stored_views_current(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether the run on `con` stored this code's views (store_views' digest in `meta`)."""
+    """Whether the run on `con` stored this code's views (store_views' digest in `meta`).
+    Looks before it reads: a failed read would abort the caller's transaction."""
+    meta = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE NOT temporary AND table_name = 'meta' "
+        "AND schema_name = 'main' AND database_name = current_database()"
+    ).fetchone()
+    if meta != (1,):
+        return False
     try:
         row = con.execute("SELECT value FROM meta WHERE key = ?", [VIEWS_DIGEST]).fetchone()
     except duckdb.Error:  # not a ranklens run (the caller's own checks say so)
@@ -56,6 +61,7 @@ def stored_views_current(con: duckdb.DuckDBPyConnection) -> bool:
 VIEWS_DIGEST = "views_digest"
 
 
+@cache
 def views_digest() -> str:
     """A digest of every view file's name and SQL, as this code has them."""
     h = hashlib.sha256()

@@ -24,6 +24,7 @@ import gzip
 import json
 import math
 import os
+import re
 import select
 import shutil
 import subprocess
@@ -259,7 +260,7 @@ def measure(
         sys.stderr.write(stderr[-4000:])
         raise SystemExit(f"benchmark child failed ({proc.returncode}): {cmd[-1]}")
     last = [ln for ln in stdout.splitlines() if ln.startswith("{")]
-    result = json.loads(last[-1]) if last else {}
+    result = json.loads(last[-1]) if last else {"stdout": stdout[-2000:]}
     own = usage.ru_utime + usage.ru_stime  # the child and the descendants it reaped
     cpu_s = max(own, sum(cpu.values()))
     return Run(wall, peak_pss, peak_main, peak_rss, usage.ru_maxrss / 1024, cpu_s, result)
@@ -287,6 +288,29 @@ def run_ranklens(trace: Path, workers: int, pure_python: bool = False) -> Run:
     run = timed_and_sampled(cmd, env)
     db.unlink(missing_ok=True)
     return run
+
+
+def run_cli(trace: Path) -> Run:
+    """`ranklens ingest TRACE -o DB` as a user runs it: load_traces, then every analysis'
+    results stored in the run (what report, check and the dashboard reuse)."""
+    db = WORK / "bench_ingest_cli.duckdb"
+    db.unlink(missing_ok=True)
+    cli = Path(sys.executable).with_name("ranklens")
+    run = timed_and_sampled([str(cli), "ingest", str(trace), "-o", str(db)])
+    db.unlink(missing_ok=True)
+    return run
+
+
+def print_cli(cli: Run, size_mb: float) -> None:
+    """The CLI run's figures, with the split `ranklens ingest` prints itself."""
+    pat = r"in [\d.]+ s \(traces ([\d.]+) s, stored results ([\d.]+) s\)"
+    split = re.search(pat, str(cli.result.get("stdout", "")))
+    own = f"; its own split: traces {split[1]} s, stored results {split[2]} s" if split else ""
+    print(
+        f"ranklens ingest (CLI, with the stored results): {cli.wall_s:.2f} s wall, "
+        f"{size_mb / cli.wall_s:.1f} MB/s, peak PSS {cli.peak_pss_mb:.0f} MB "
+        f"({cli.peak_pss_mb / size_mb:.2f}x file){own}"
+    )
 
 
 def run_hta(traces: list[Path]) -> Run:
@@ -364,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--pure-python", action="store_true", help="also time the reference decoder alone"
     )
+    ap.add_argument(
+        "--cli", action="store_true", help="also time `ranklens ingest` (with stored results)"
+    )
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     if args.ranks == 1:
@@ -387,7 +414,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{size_mb / ref.wall_s:.1f} MB/s, peak PSS {ref.peak_pss_mb:.0f} MB"
         )
     hta = None if args.skip_hta else run_hta(traces)
-    return 0 if report(size_mb, n_events, rl, hta) else 1
+    ok = report(size_mb, n_events, rl, hta)
+    if args.cli:
+        print_cli(run_cli(target), size_mb)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

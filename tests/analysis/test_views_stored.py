@@ -8,7 +8,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from ranklens.analysis import views
+from ranklens.analysis import _sql, overlap, pipeline, views
 from ranklens.analysis.results_store import finalize_run
 from ranklens.analysis.sql_console import safe_connect
 from ranklens.ingest.run import ingest_traces
@@ -41,18 +41,39 @@ def _with_digest(run: Path, dest: Path, digest: str | None) -> Path:
     return dest
 
 
-def test_current_stored_views_are_used_as_stored(run: Path) -> None:
+def test_current_stored_views_are_used_as_stored(run: Path, tmp_path: Path) -> None:
     con = safe_connect(run)
     try:
         assert _temp_views(con) == 0  # nothing created: the stored views are this code's
         got = con.execute(QUERY).fetchall()
     finally:
         con.close()
-    fresh = duckdb.connect(str(run), read_only=True)
+    fresh = duckdb.connect(str(_with_digest(run, tmp_path / "none.duckdb", None)), read_only=True)
     views.apply_all_views(fresh)  # this code's views, created now
     assert _temp_views(fresh) > 0
     assert got and got == fresh.execute(QUERY).fetchall()
     fresh.close()
+
+
+def test_analyses_read_the_stored_views_without_creating_them(run: Path, tmp_path: Path) -> None:
+    """apply_sql counts a file whose views the run stores as this code wrote them as applied:
+    the analyses read the stored views, and get what temp views of the same SQL give."""
+    con = duckdb.connect(str(run), read_only=True)
+    other = duckdb.connect(str(_with_digest(run, tmp_path / "none.duckdb", None)), read_only=True)
+    try:
+        _sql.apply_sql(con, *views.view_files())
+        assert _temp_views(con) == 0
+        _sql.apply_sql(other, *views.view_files())
+        assert _temp_views(other) > 0
+        for mod in (overlap, pipeline):
+            got, want = mod.run(con), mod.run(other)
+            assert got.table.equals(want.table) and got.findings == want.findings
+            assert not got.table.is_empty()
+        asof = con.execute("SELECT current_setting('asof_loop_join_threshold')").fetchone()
+        assert asof == (0,)  # set on every connection apply_sql meets
+    finally:
+        con.close()
+        other.close()
 
 
 @pytest.mark.parametrize("digest", ["0123456789abcdef", None])  # another code's; none stored
