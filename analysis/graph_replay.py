@@ -62,6 +62,7 @@ def replay(g: Graph, add: I64 | None = None, lag: I64 | None = None, track: bool
     It runs a topological level at a time (vertices of one level never depend on each
     other), with numpy over each level's in-edges: the graphs are wide and shallow (527 k
     vertices in 208 levels on a 1,024-rank job), where a Python loop took 1.1 s a replay.
+    A deep, narrow graph takes the loop (`levels` says when).
     Exact in int64: every value is >= NEG (a base is >= NEG, own times >= 0) and so is every
     lag (whatif clips them), so value + lag >= 2 * NEG = the smallest int64."""
     lg = g.e_lag if lag is None else lag
@@ -118,30 +119,43 @@ def replay_loop(
 
 def levels(g: Graph) -> list[I64] | None:
     """The vertices by topological level (a vertex after all its in-edges' sources), made once
-    per graph (Kahn's algorithm a level at a time); None if the edges hold a cycle."""
+    per graph (Kahn's algorithm a level at a time). None if the edges hold a cycle, or if the
+    graph is deep and narrow: past PROBE_LEVELS levels of fewer than MIN_WIDTH vertices on
+    average, numpy per level costs more than the loop per vertex (a capture without step marks
+    is one step, its lanes chains of millions of kernels: 250 s a report by levels)."""
     if g.levels is None:
-        n = len(g.v_base)
-        indeg = np.diff(g.ptr)
-        dst = np.repeat(np.arange(n, dtype=np.int64), indeg)
-        by_src = np.argsort(g.e_src, kind="stable")
-        out_dst = dst[by_src]
-        out_ptr = np.concatenate([[0], np.cumsum(np.bincount(g.e_src, minlength=n))])
-        left = indeg.copy()
-        front = np.flatnonzero(left == 0)
-        out: list[I64] = []
-        while len(front):
-            out.append(front)
-            lo = out_ptr[front]
-            nxt = out_dst[_ranges(lo, out_ptr[front + 1] - lo)]
-            if not len(nxt):
-                break
-            hit, times = np.unique(nxt, return_counts=True)
-            left[hit] -= times
-            front = hit[left[hit] == 0]
-        if sum(len(x) for x in out) != n:
-            return None
-        g.levels = out
-    return g.levels
+        g.levels = _levels(g)
+    return g.levels or None  # [] caches "no levels" (an empty graph takes the loop too)
+
+
+PROBE_LEVELS = 1024
+MIN_WIDTH = 32
+
+
+def _levels(g: Graph) -> list[I64]:
+    n = len(g.v_base)
+    indeg = np.diff(g.ptr)
+    dst = np.repeat(np.arange(n, dtype=np.int64), indeg)
+    by_src = np.argsort(g.e_src, kind="stable")
+    out_dst = dst[by_src]
+    out_ptr = np.concatenate([[0], np.cumsum(np.bincount(g.e_src, minlength=n))])
+    left = indeg.copy()
+    front = np.flatnonzero(left == 0)
+    out: list[I64] = []
+    placed = 0
+    while len(front):
+        out.append(front)
+        placed += len(front)
+        if len(out) >= PROBE_LEVELS and placed < MIN_WIDTH * len(out):
+            return []  # deep and narrow: the loop
+        lo = out_ptr[front]
+        nxt = out_dst[_ranges(lo, out_ptr[front + 1] - lo)]
+        if not len(nxt):
+            break
+        hit, times = np.unique(nxt, return_counts=True)
+        left[hit] -= times
+        front = hit[left[hit] == 0]
+    return out if placed == n else []
 
 
 def _ranges(starts: I64, lengths: I64) -> I64:

@@ -101,6 +101,30 @@ def test_a_cycle_falls_back_to_the_loop(pp4: cp.Model) -> None:
     _same(g)
 
 
+def test_a_deep_narrow_graph_takes_the_loop(pp4: cp.Model) -> None:
+    """A capture without step marks is one step, its lanes chains of millions of kernels:
+    numpy a level at a time cost 250 s a report there. Past PROBE_LEVELS levels of fewer
+    than MIN_WIDTH vertices each on average, the levels are given up (once: cached)."""
+    n = gr.PROBE_LEVELS * 3
+    chain = _random_dag(pp4.graph, np.random.default_rng(7), n, 0)
+    order = chain.order
+    src = order[:-1]  # each vertex waits on the one before it in the order: n levels
+    by_dst = np.argsort(order[1:], kind="stable")
+    dst, src = order[1:][by_dst], src[by_dst]
+    ptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))]).astype(np.int64)
+    lag = np.random.default_rng(8).integers(-3, 4, n - 1).astype(np.int64)
+    g = dataclasses.replace(chain, ptr=ptr, e_src=src.astype(np.int64), e_lag=lag, levels=None)
+    assert gr.levels(g) is None
+    assert g.levels == []  # given up once, not probed again at every replay
+    _same(g)
+    none = np.zeros(0, dtype=np.int64)
+    flat = np.zeros(n + 1, dtype=np.int64)
+    wide = dataclasses.replace(g, ptr=flat, e_src=none, e_lag=none, levels=None)
+    lv = gr.levels(wide)  # no edges: one level of every vertex
+    assert lv is not None and len(lv) == 1
+    _same(wide)
+
+
 def _every_scenario(m: cp.Model) -> None:
     _same(m.graph)
     names = ["straggler", "stage-balance", "contention", "scale-comm:dp=2"]
