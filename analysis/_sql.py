@@ -67,7 +67,6 @@ def apply_sql(con: duckdb.DuckDBPyConnection, *names: str) -> None:
     todo = [n for n in with_requirements(names) if n not in done]
     if not todo:
         return
-    keep_asof_joins(con)
     for name in todo:
         con.execute(sql_text(name))
     once = [(n,) for n in todo if not builds_table(n)]

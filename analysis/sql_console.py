@@ -22,7 +22,7 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 from ranklens.analysis.sql_types import renderable, to_frame
-from ranklens.analysis.views import apply_all_views, ensure_views
+from ranklens.analysis.views import apply_all_views
 from ranklens.ingest import shards
 from ranklens.ingest.database import connect
 from ranklens.ingest.errors import RanklensError
@@ -56,7 +56,7 @@ def safe_connect(
     db_path: str | os.PathLike[str], *, memory_limit: int | None = MEMORY_LIMIT
 ) -> duckdb.DuckDBPyConnection:
     """A read-only, sandboxed connection with the analysis views (the run's stored ones when
-    they are current, else temp views: views.ensure_views).
+    they are current, else temp views: views.apply_all_views).
 
     `memory_limit` None keeps DuckDB's defaults (memory, spilling to `<db>.tmp/`): only for
     code that runs no user text (the dashboard's own pages, benchmarks)."""
@@ -83,7 +83,7 @@ def safe_connect(
         con.execute(f"SET allowed_directories = ['{allowed}']")
         shards.attach(con, db_path)
         con.execute("SET enable_external_access = false")
-    ensure_views(con)
+    apply_all_views(con)
     con.execute("SET lock_configuration = true")
     return con
 

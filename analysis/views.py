@@ -1,9 +1,9 @@
 """Analysis results as SQL views, so users can query them next to the tables.
 
-`apply_all_views` creates them as temp views on any connection (read-only included);
-`store_views` also stores them in the database file so any DuckDB client sees them, with a
-digest of their SQL in `meta`, so that `ensure_views` can use the stored ones when this code
-stored them (creating them costs ~0.25 s a connection, a tenth of a dashboard's start).
+`store_views` stores them in the database file so any DuckDB client sees them, with a digest
+of their SQL in `meta`; `apply_all_views` (any connection, read-only included) uses the stored
+ones when this code stored them and creates temp ones otherwise (creating them costs ~0.25 s a
+connection, a tenth of a dashboard's start; apply_sql decides, per SQL file).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import hashlib
 import os
 import re
 from collections.abc import Iterable
-from functools import cache
 from types import ModuleType
 
 import duckdb
@@ -32,14 +31,9 @@ def view_files(mods: Iterable[ModuleType] | None = None) -> tuple[str, ...]:
 
 
 def apply_all_views(con: duckdb.DuckDBPyConnection) -> None:
-    """Create every analysis view and macro as temp objects on `con`."""
+    """Every analysis view and macro on `con`: the run's stored ones when they are this code's
+    (nothing to create), else temp ones shadowing whatever older code stored (apply_sql)."""
     _sql.apply_sql(con, *view_files())
-
-
-def ensure_views(con: duckdb.DuckDBPyConnection) -> None:
-    """The analysis views on `con`: the run's stored ones when they are this code's (nothing
-    to create), else temp ones shadowing whatever older code stored (apply_sql decides)."""
-    apply_all_views(con)
 
 
 def stored_views_current(con: duckdb.DuckDBPyConnection) -> bool:
@@ -61,7 +55,6 @@ def stored_views_current(con: duckdb.DuckDBPyConnection) -> bool:
 VIEWS_DIGEST = "views_digest"
 
 
-@cache
 def views_digest() -> str:
     """A digest of every view file's name and SQL, as this code has them."""
     h = hashlib.sha256()

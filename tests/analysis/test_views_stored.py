@@ -1,5 +1,5 @@
 """A run's stored analysis views are used as they are when this code stored them, and shadowed
-by temp views when they are another code's (views.ensure_views, through safe_connect)."""
+by temp views when they are another code's (views.apply_all_views, through safe_connect)."""
 
 from __future__ import annotations
 
