@@ -28,7 +28,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_ingest import DEFAULT_SOURCE, WORK, build_trace, measure  # noqa: E402
+from bench_ingest import measure  # noqa: E402
+from big_trace import DEFAULT_SOURCE, WORK, build_trace  # noqa: E402
 
 RANKLENS_CHILD = """
 import json, sys, time
