@@ -37,7 +37,12 @@ from ranklens.cli.app import (
 )
 from ranklens.ingest import RanklensError
 from ranklens.ingest.engines import ENGINES
-from ranklens.ingest.lifecycle import EXIT_TERMINATED, handle_sigterm, was_terminated
+from ranklens.ingest.lifecycle import (
+    EXIT_TERMINATED,
+    handle_sigterm,
+    was_stopped,
+    was_terminated,
+)
 from ranklens.ingest.loader import STORAGES
 from ranklens.ingest.output import check_result_file, replacing_file
 from ranklens.ingest.run import OpenOptions, ingest_traces, open_run
@@ -290,12 +295,12 @@ def main() -> None:
         raise
     except BaseException as exc:  # also native panics (pyo3's PanicException)
         # DuckDB turns a signal that arrives during a query into its own "Query interrupted"
-        # error, losing the KeyboardInterrupt (or Terminated) that Python raised: every
-        # cleanup has run all the same on the way here.
+        # error, or, raised in Python code it was calling, an InvalidInputException, losing
+        # the KeyboardInterrupt (or Terminated): every cleanup has run all the same.
         if was_terminated():
             err.print("terminated")
             sys.exit(EXIT_TERMINATED)
-        if _interrupted_query(exc):
+        if _interrupted_query(exc) or was_stopped():
             err.print("interrupted")
             sys.exit(130)
         if state["debug"]:

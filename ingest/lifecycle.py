@@ -40,15 +40,30 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
 
 
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    _received.append(signum)
+    signal.default_int_handler(signum, frame)
+
+
 def was_terminated() -> bool:
     """Whether SIGTERM arrived (Typer turns the exception into exit 130 on its way out)."""
+    return signal.SIGTERM in _received
+
+
+def was_stopped() -> bool:
+    """Whether SIGTERM or Ctrl+C arrived. Why: the exception they raise in Python code that
+    DuckDB was calling (an Arrow stream it scans) comes out of the query as DuckDB's own
+    InvalidInputException; what fails after a stop is the stop's doing, never a file's."""
     return bool(_received)
 
 
 def handle_sigterm() -> None:
-    """Make SIGTERM raise Terminated in the main thread (call once, from the entry point)."""
+    """Make SIGTERM raise Terminated in the main thread, and note Ctrl+C, whose
+    KeyboardInterrupt is Python's as before (call once, from the entry point)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_sigint)
 
 
 _PR_SET_PDEATHSIG = 1

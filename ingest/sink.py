@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
-from ranklens.ingest import event_store, shards, staging
+from ranklens.ingest import event_store, lifecycle, shards, staging
 from ranklens.ingest._model import RankPart, ReadFile, rank_from_name
 from ranklens.ingest.errors import NotATraceError, RankError, RanklensError, TraceFormatError
 from ranklens.ingest.event_store import insert_events
@@ -324,8 +324,11 @@ def require_rank(path: str, rank: int | None) -> int:
 
 def is_file_error(exc: Exception) -> bool:
     """Whether an unexpected exception while reading a file is that file's fault (its bytes or
-    layout) rather than the machine's (memory, disk, a decoding worker process that died):
-    only the former may skip the file."""
+    layout) rather than the machine's (memory, disk, a decoding worker process that died) or
+    a stop's (Ctrl+C or SIGTERM, which DuckDB may hand back as its own error): only the former
+    may skip the file."""
+    if lifecycle.was_stopped():
+        return False
     return not isinstance(
         exc, MemoryError | duckdb.IOException | duckdb.OutOfMemoryException | BrokenProcessPool
     )
