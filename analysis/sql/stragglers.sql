@@ -15,13 +15,15 @@ FROM ranks;
 -- (a pipeline recv that ended late) made no delay of its own and does not cause the others'
 -- wait. Step starts are no release point: ranks start steps at their own pace. A send/recv
 -- whose peer is unknown still releases the rank when it ends (without it, a stage waiting on
--- such a recv was named a straggler of its TP group).
+-- such a recv was named a straggler of its TP group). Only what arrived strictly before
+-- releases: two ops that arrive at once (a batched send and recv) do not release each other,
+-- and no row order decides which one would.
 CREATE OR REPLACE TEMP VIEW _stragglers_rows AS
 SELECT * EXCLUDE (status) FROM (
   SELECT c.instance_id, c.rank, c.pg_name, c.op, c.seq, c.step, c.device, c.ts_ns, c.end_ns,
          c.arrive_ns, c.arrive_ns + r.off AS arr, c.end_ns + r.off AS fin, r.dom, r.unc,
-         r.off + max(c.end_ns) OVER (PARTITION BY c.rank, c.step ORDER BY c.arrive_ns, c.end_ns
-                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS ref,
+         r.off + max(c.end_ns) OVER (PARTITION BY c.rank, c.step ORDER BY c.arrive_ns
+                                     RANGE BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS ref,
          c.status
   FROM collectives c JOIN _stragglers_ranks r USING (rank)
   WHERE (c.status = 'matched' AND c.instance_id IS NOT NULL) OR c.status = 'peer_unknown')
@@ -37,8 +39,9 @@ WITH i AS (
   SELECT instance_id, any_value(pg_name) AS pg_name,
          CASE WHEN count(DISTINCT op) > 1 THEN 'p2p' ELSE any_value(op) END AS op,
          any_value(seq) AS seq, min(step) AS step, count(*) AS n_ranks,
-         max(arr) - min(arr) AS skew_ns, arg_max(rank, arr) AS last_rank, max(arr) AS last_arr,
-         arg_max(ref, arr) AS last_ref,
+         -- the last to arrive, ties to the highest rank: its rank and release from one row
+         max(arr) - min(arr) AS skew_ns, arg_max(rank, (arr, rank)) AS last_rank,
+         max(arr) AS last_arr, arg_max(ref, (arr, rank)) AS last_ref,
          min(end_ns - ts_ns) AS min_dur_ns, max(end_ns - ts_ns) AS max_dur_ns,
          count(DISTINCT dom) > 1 AS spans_hosts, max(unc) AS unc_ns
   FROM _stragglers_rows GROUP BY instance_id

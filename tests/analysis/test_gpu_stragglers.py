@@ -94,3 +94,33 @@ def test_one_straggler_of_1024_named_alone(tmp_path: Path, ingest: Ingest) -> No
     assert [f.ranks for f in res.findings if f.code == "STRAGGLER_RANK"] == [(257,)]
     window = max(r["window_ns"] for r in run.truth["per_rank_step"])
     assert (res.table["net_held_back_per_step_ns"] <= window).all()
+
+
+def test_batched_p2p_results_do_not_depend_on_row_order(tmp_path: Path) -> None:
+    """A batched send and recv arrive at once on one rank: which was stored first must not
+    change who released whom (each row's `ref`) or any instance's own delay. Ingested twice
+    the same job gave different stragglers_by_instance rows before the ties were broken."""
+    from ranklens.analysis._sql import apply_sql, query_pl
+    from ranklens.ingest.loader import load_traces
+
+    job = GpuJob(tp=1, pp=3, dp=2, m=6, steps=2, batched=True, contention=1.4, dp_overlap=True)
+    write_job(job, tmp_path / "run")
+    db = tmp_path / "run.duckdb"
+    load_traces([str(tmp_path / "run")], db, workers=1)
+    con = duckdb.connect(str(db))
+    by_inst = "SELECT * FROM stragglers_by_instance ORDER BY instance_id"
+    apply_sql(con, "stragglers")
+    tied = query_pl(
+        con,
+        "SELECT a.ref, a.arr FROM _stragglers_rows a JOIN _stragglers_rows b ON a.rank = b.rank "
+        "AND a.step = b.step AND a.arrive_ns = b.arrive_ns AND a.instance_id <> b.instance_id",
+    )
+    assert len(tied) > 0  # the job has such pairs
+    assert (tied["ref"].is_null() | (tied["ref"] < tied["arr"])).all()  # not released by its twin
+    before = query_pl(con, by_inst)
+    for order in ("rowid DESC", "hash(rowid)"):
+        con.execute(
+            f"CREATE OR REPLACE TABLE collectives AS SELECT * FROM collectives ORDER BY {order}"
+        )
+        assert query_pl(con, by_inst).equals(before), order
+    con.close()
