@@ -25,13 +25,13 @@ from typing import Any
 
 import msgspec
 import pyarrow as pa
-from ranklens.ingest import kineto_fast
+from ranklens.ingest import kineto_fast, staging
 from ranklens.ingest._model import rank_from_name
 from ranklens.ingest.errors import NotATraceError, TraceFormatError
 from ranklens.ingest.gz import uncompressed
 from ranklens.ingest.inputs import check_readable
 from ranklens.ingest.kineto_events import _Event, _fail, _parse_ranks, columns
-from ranklens.ingest.sanity import NS_LIMIT
+from ranklens.ingest.sanity import NS_LIMIT, check_times
 
 PIECE_BYTES = 16 * 1024 * 1024
 _BOUNDARY_RE = re.compile(rb"\}\s*,\s*\{")
@@ -98,17 +98,20 @@ def file_sha256(path: str) -> str:
 def prepare(
     path: str,
     piece_bytes: int | None = None,
-    with_hash: bool = True,
+    with_hash: bool | None = True,
     tmp_root: str | None = None,
 ) -> Prepared:
     """First pass: hash, inflate, read the header, locate the events and plan the pieces.
 
     `piece_bytes` (default PIECE_BYTES) is passed explicitly by the parallel loader: this runs
     in a worker process, where the parent's PIECE_BYTES setting would not be seen. That loader
-    hashes the file itself (`with_hash=False`) while the workers decode, off the critical path.
+    hashes a file of several pieces itself while the workers decode them, off the critical
+    path, and a file of one piece here (`with_hash=None`): its one piece leaves nothing to
+    overlap with, and the main process, the one writer, is what many small ranks wait on.
     """
     size = check_readable(path)
-    sha = file_sha256(path) if with_hash else ""
+    one_piece = with_hash is None and size <= (piece_bytes or PIECE_BYTES)
+    sha = file_sha256(path) if with_hash or one_piece else ""
     data_path, tmp = uncompressed(path, tmp_root)
     try:
         return _prepare_data(path, data_path, tmp, size, sha, piece_bytes or PIECE_BYTES)
@@ -255,13 +258,15 @@ def _plan_pieces(mm: mmap.mmap, lo: int, hi: int, piece_bytes: int) -> list[tupl
 
 @dataclass
 class Piece:
-    """Decoded events of one piece of a file, ready for the database."""
+    """Decoded events of one piece of a file, ready for the database: as a table, or, from a
+    worker (decode_staged), already staged."""
 
     table: pa.Table
     threads: list[tuple[int, int, str]]
     groups: list[dict[str, Any]]
     consumed: int
     rows: int = 0
+    staged: staging.Piece | None = None
 
 
 class BadCut(Exception):
@@ -306,6 +311,19 @@ def decode_piece(
         prep.path, prep.has_device, prep.info.get("backend"), prep.base_ns, events, rank, trace_id
     )
     return Piece(table, threads, groups, consumed, table.num_rows)
+
+
+def decode_staged(prep: Prepared, index: int, rank: int, trace_id: int) -> Piece:
+    """decode_piece in a worker, its events checked and staged there (sanity.check_times,
+    staging.pack). Why: packing is ~1 us a row of the main process' time, and the main
+    process, the one writer, is what a many-rank ingest waits on; the packed piece is also a
+    few times smaller to send back."""
+    pc = decode_piece(prep, index, rank, trace_id)
+    check_times(prep.path, pc.table)
+    if pc.table.num_rows:
+        pc.staged = staging.pack(pc.table)
+    pc.table = pa.table({})
+    return pc
 
 
 def _utf8_error_at(buf: mmap.mmap, exc: UnicodeDecodeError, lo: int, hi: int = -1) -> int:

@@ -18,7 +18,6 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
 from ranklens.ingest import kineto, lifecycle
 from ranklens.ingest._model import Batch, RankPart, Reader
 from ranklens.ingest.errors import WorkerDied
@@ -113,7 +112,7 @@ def _run_pool(batch: Batch, pool: ProcessPoolExecutor, shas: dict[str, str]) -> 
     def prepare_upto(i: int) -> None:
         while len(preps) < min(len(files), i + n + 1):
             preps.append(
-                pool.submit(kineto.prepare, files[len(preps)], kineto.PIECE_BYTES, False, tmp_root)
+                pool.submit(kineto.prepare, files[len(preps)], kineto.PIECE_BYTES, None, tmp_root)
             )
 
     # A file's rank is written (steps assigned, one INSERT) only after the next file's
@@ -248,7 +247,7 @@ def _parallel_file(
             # the piece before it starts the next at once (in-process 2.43 -> 2.32 s on the
             # 402 MB trace; one more decoded piece, ~16 MB of input, held at most)
             while nxt < len(prep.pieces) and len(pending) < n + 1:
-                pending.append(pool.submit(kineto.decode_piece, prep, nxt, rank, tid))
+                pending.append(pool.submit(kineto.decode_staged, prep, nxt, rank, tid))
                 nxt += 1
             if first:
                 first = False
@@ -256,8 +255,9 @@ def _parallel_file(
             if not prep.sha256:  # while the workers decode (hashlib releases the GIL)
                 prep.sha256 = kineto.file_sha256(prep.path)
             pc = pending.pop(0).result()
-            sink.add_events(pc.table, prep.path)
-            pc.table = pa.table({})  # free the Arrow memory early
+            if pc.staged is not None:
+                sink.add_staged(rank, pc.staged)
+                pc.staged = None
             pieces.append(pc)
     except kineto.BadCut:
         for f in pending:

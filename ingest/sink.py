@@ -139,7 +139,11 @@ class Sink:
         it is known to fit (sanity.check_times: an error naming the event otherwise)."""
         check_times(path, table)
         if table.num_rows:
-            self._staged.setdefault(table["rank"][0].as_py(), []).append(staging.pack(table))
+            self.add_staged(table["rank"][0].as_py(), staging.pack(table))
+
+    def add_staged(self, rank: int, piece: staging.Piece) -> None:
+        """Stage a piece a worker checked and packed (kineto.decode_staged)."""
+        self._staged.setdefault(rank, []).append(piece)
 
     def drop_events(self, trace_id: int) -> None:
         """Forget a file's events, staged, waiting to be written or written (its file turned
