@@ -7,6 +7,7 @@ assembly (what runs, how findings rank, the run's facts) is analysis logic.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,9 +75,12 @@ def build_report(con: duckdb.DuckDBPyConnection, names: tuple[str, ...] | None =
 
 
 def _assemble(
-    con: duckdb.DuckDBPyConnection, names: tuple[str, ...] | None
+    con: duckdb.DuckDBPyConnection,
+    names: tuple[str, ...] | None,
+    model_of: Callable[[], critical_path.Model] | None = None,
 ) -> tuple[Report, critical_path.Model | None]:
-    """The report, and the dependency graph's model when critical_path was asked for."""
+    """The report, and the dependency graph's model when critical_path was asked for (from
+    `model_of` when given: built elsewhere, e.g. side by side with the analyses)."""
     from ranklens.analysis import REGISTRY, by_name
 
     mods = REGISTRY if names is None else tuple(by_name()[n] for n in names)
@@ -100,7 +104,7 @@ def _assemble(
     )
     model = None
     if any(m.NAME == critical_path.NAME for m in mods):
-        model = critical_path.model(con)
+        model = critical_path.model(con) if model_of is None else model_of()
         found, outcomes = savings.attach(model, found)
         results[critical_path.NAME] = critical_path.result_of(model, outcomes)
     findings = sorted(found, key=lambda f: (-f.rank_ns, _SEVERITY_ORDER[f.severity.value], f.code))
@@ -118,12 +122,14 @@ def _assemble(
     return Report(facts, results, tuple(findings)), model
 
 
-def store_report(con: duckdb.DuckDBPyConnection) -> bool:
+def store_report(
+    con: duckdb.DuckDBPyConnection, model_of: Callable[[], critical_path.Model] | None = None
+) -> bool:
     """Assemble the whole report and keep it in the run (ingest's last step), with the what-if
     fixes that apply to it; False when some part would not read back identical."""
     from ranklens.analysis.whatif_run import default_scenarios
 
-    rep, model = _assemble(con, None)
+    rep, model = _assemble(con, None, model_of)
     cp_res = rep.results.get(critical_path.NAME)
     if model is None or cp_res is None or not results_store.store(con, cp_res, critical_path):
         return False

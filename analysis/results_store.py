@@ -181,14 +181,18 @@ def finalize_run(con: duckdb.DuckDBPyConnection) -> None:
     """Ingest's last step before its atomic rename: the analysis views, every registered
     analysis' results, the assembled report and the timeline's whole-run overview, stored for
     the faces to reuse (a dashboard then serves its first page without computing)."""
-    from ranklens.analysis import REGISTRY
+    from ranklens.analysis import REGISTRY, critical_path
+    from ranklens.analysis._background import background
     from ranklens.analysis.report import store_report
     from ranklens.analysis.timeline_store import store_overview
     from ranklens.analysis.views import store_views
 
     store_views(con)
-    _if_it_fits(con, lambda: store_all(con, REGISTRY))
-    _if_it_fits(con, lambda: store_report(con))  # the critical path and the savings' replays
+    # The dependency graph is built on a connection of its own while the analyses run: it
+    # reads only the run's tables and views, committed before this point.
+    with background(con, critical_path.model) as model:
+        _if_it_fits(con, lambda: store_all(con, REGISTRY))
+        _if_it_fits(con, lambda: store_report(con, model))  # the path and the savings' replays
     _if_it_fits(con, lambda: store_overview(con))
 
 

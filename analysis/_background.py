@@ -1,0 +1,75 @@
+"""One computation on a connection of its own, in a thread, while the caller's goes on.
+
+Why: a run's stored results are two independent halves: every analysis (DuckDB queries, which
+use every core while they run, between stretches of Python) and the dependency graph's model
+(numpy and Python on one core). One after the other, a 1,024-rank job's results left a core
+idle for seconds; side by side they took 11.1 s instead of 13.1 (finalize_run, alternating).
+DuckDB lets several connections of one database read at once, each with its own temp views
+and tables, and numpy and DuckDB release the GIL while they work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Generic, TypeVar
+
+import duckdb
+
+T = TypeVar("T")
+
+# Session settings a connection's queries depend on, which a new cursor does not inherit
+# (a sharded run's views find their Parquet files through file_search_path).
+_SESSION = ("file_search_path",)
+
+
+class _Work(Generic[T]):
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, fn: Callable[[duckdb.DuckDBPyConnection], T]
+    ):
+        self.cur = con.cursor()
+        for name in _SESSION:
+            value = con.execute("SELECT current_setting(?)", [name]).fetchall()[0][0]
+            if value:
+                self.cur.execute(f"SET {name} = ?", [value])
+        self.fn = fn
+        self.value: T | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="ranklens-background", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.value = self.fn(self.cur)
+        except BaseException as exc:  # handed to the caller by result()
+            self.error = exc
+
+    def result(self) -> T:
+        """Wait for the computation; its value, or its error raised here."""
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.value  # type: ignore[return-value]
+
+
+@contextmanager
+def background(
+    con: duckdb.DuckDBPyConnection, fn: Callable[[duckdb.DuckDBPyConnection], T]
+) -> Iterator[Callable[[], T]]:
+    """Start `fn(cursor)` on a new cursor of `con`'s database; the block gets what waits for
+    its result. `fn` must only read what is committed: it sees no change the block makes in
+    an open transaction. Leaving the block early (an error, Ctrl+C) interrupts the cursor's
+    queries until `fn` gives up (its outcome is dropped): the wait is at most the Python
+    stretch `fn` is in. Why wait at all: a thread still inside DuckDB when the interpreter
+    exits is torn down under it, and the process aborts (exit 134, not 143 or 130)."""
+    work = _Work(con, fn)
+    work.thread.start()
+    try:
+        yield work.result
+    finally:
+        while work.thread.is_alive():
+            with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl+C waits too
+                work.cur.interrupt()
+                work.thread.join(0.05)
+        work.cur.close()

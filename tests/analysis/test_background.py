@@ -1,0 +1,115 @@
+"""analysis/_background.py: the dependency graph's model is built on a connection of its own
+while the analyses' results are stored (finalize_run). What it must keep: the value of the
+computation, its error, the session settings a sharded run's views need, a prompt exit when
+the caller stops early, and stored results identical to those computed one after the other."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+from duckdb.sqltypes import BIGINT
+from ranklens.analysis import critical_path, report
+from ranklens.analysis._background import background
+from ranklens.analysis.report import stored_report
+from ranklens.ingest.loader import load_traces
+from ranklens.sample_traces.gpu_job import GpuJob, write_job
+
+
+def test_value_on_its_own_connection(tmp_path: Path) -> None:
+    con = duckdb.connect(str(tmp_path / "a.duckdb"))
+    con.execute("CREATE TABLE t AS SELECT range AS x FROM range(10)")
+    seen: list[int] = []
+
+    def fn(c: duckdb.DuckDBPyConnection) -> int:
+        seen.append(threading.get_ident())
+        c.execute("CREATE TEMP TABLE mine AS SELECT 1")  # a temp table of its own connection
+        return int(c.execute("SELECT sum(x) FROM t").fetchall()[0][0])
+
+    with background(con, fn) as result:
+        assert result() == 45
+    assert seen and seen[0] != threading.get_ident()
+    assert (
+        con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'mine'").fetchall()[0][
+            0
+        ]
+        == 0
+    )
+
+
+def test_its_error_is_raised_by_result(tmp_path: Path) -> None:
+    con = duckdb.connect(str(tmp_path / "a.duckdb"))
+
+    def fn(c: duckdb.DuckDBPyConnection) -> int:
+        c.execute("SELECT * FROM missing_table")
+        return 0
+
+    with background(con, fn) as result, pytest.raises(duckdb.CatalogException):
+        result()
+
+
+def test_session_settings_follow(tmp_path: Path) -> None:
+    """A sharded run's views read Parquet files relative to file_search_path, a session
+    setting a new cursor would not have."""
+    con = duckdb.connect(str(tmp_path / "a.duckdb"))
+    (tmp_path / "it's").mkdir()
+    con.execute(
+        "COPY (SELECT 7 AS v) TO ? (FORMAT parquet)", [str(tmp_path / "it's" / "v.parquet")]
+    )
+    con.execute("SET file_search_path = ?", [str(tmp_path / "it's")])
+    with background(con, lambda c: c.execute("SELECT v FROM 'v.parquet'").fetchall()) as result:
+        assert result() == [(7,)]
+
+
+def test_leaving_early_stops_its_query(tmp_path: Path) -> None:
+    """Ctrl+C in the caller's block: the running query is stopped and the block left once the
+    thread is done, promptly (a thread left inside DuckDB aborts the interpreter at exit)."""
+    con = duckdb.connect(str(tmp_path / "a.duckdb"))
+    running = threading.Event()
+    errors: list[BaseException] = []
+
+    def mark(x: int) -> int:  # called by the query itself: set once it is running
+        running.set()
+        return 3
+
+    def slow(c: duckdb.DuckDBPyConnection) -> None:
+        c.create_function("mark", mark, [BIGINT], BIGINT)
+        try:
+            c.execute(
+                "SELECT count(*) FROM range(100000000000) a WHERE a.range % 7 = mark(a.range)"
+            )
+        except BaseException as exc:
+            errors.append(exc)
+            raise
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), background(con, slow):
+        assert running.wait(60)
+        raise KeyboardInterrupt
+    assert errors and "interrupt" in str(errors[0]).lower(), errors  # the thread is done
+    assert time.monotonic() - t0 < 60  # stopped: the query would run for hours
+
+
+def test_stored_report_is_what_one_after_the_other_computes(tmp_path: Path) -> None:
+    """finalize_run's model (built side by side with the analyses) gives the stored report,
+    critical path and savings included, that the sequential assembly computes."""
+    job = GpuJob(tp=2, pp=4, dp=2, m=8, steps=3, stage_factor={2: 1.5}, rank_factor={5: 1.3})
+    write_job(job, tmp_path / "run")
+    db = tmp_path / "run.duckdb"
+    from ranklens.analysis.results_store import finalize_run
+
+    load_traces([str(tmp_path / "run")], db, workers=1, finalize=finalize_run)
+    con = duckdb.connect(str(db), read_only=True)
+    kept = stored_report(con)
+    assert kept is not None
+    stored = kept[0]
+    fresh, _model = report._assemble(con, None)
+    assert stored.findings == fresh.findings
+    assert stored.facts == fresh.facts
+    cp = critical_path.NAME
+    for name, table in fresh.results[cp].tables.items():
+        assert stored.results[cp].tables[name].equals(table), name
+    assert any(f.saving_ns for f in stored.findings)  # the savings' replays ran on that model
