@@ -189,28 +189,53 @@ def finalize_run(con: duckdb.DuckDBPyConnection) -> None:
 
     store_views(con)
     # The dependency graph is built on a connection of its own while the analyses run: it
-    # reads only the run's tables and views, committed before this point.
-    with background(con, critical_path.model) as model:
+    # reads only the run's tables and views, committed before this point. Both share DuckDB's
+    # memory budget: what did not fit side by side is done again alone, as it was before.
+    model: critical_path.Model | None = None
+    with background(con, critical_path.model) as built:
+        stored = _if_it_fits(con, lambda: store_all(con, REGISTRY))
+        try:
+            model = built()
+        except duckdb.Error as exc:
+            if not _out_of_memory(exc):
+                raise
+    if not stored:
         _if_it_fits(con, lambda: store_all(con, REGISTRY))
-        _if_it_fits(con, lambda: store_report(con, model))  # the path and the savings' replays
+    kept = model
+    _if_it_fits(con, lambda: store_report(con, None if kept is None else lambda: kept))
     _if_it_fits(con, lambda: store_overview(con))
 
 
-def _if_it_fits(con: duckdb.DuckDBPyConnection, step: Callable[[], object]) -> None:
+def _if_it_fits(con: duckdb.DuckDBPyConnection, step: Callable[[], object]) -> bool:
     """Run one storing step in a transaction; when it does not fit in the ingest's memory
-    budget (loader: a third of the input), nothing of it is kept and the ingest goes on:
-    stored results only save the faces time, and they compute what is missing (on a
-    1,024-rank job the whole-run timeline overview needs ~1 GB, over that budget)."""
+    budget (loader: a third of the input), nothing of it is kept, the ingest goes on and this
+    returns False: stored results only save the faces time, and they compute what is missing
+    (on a 1,024-rank job the whole-run timeline overview needs ~1 GB, over that budget)."""
     con.execute("BEGIN TRANSACTION")
     try:
         step()
-    except duckdb.OutOfMemoryException:
+    except duckdb.Error as exc:
         con.execute("ROLLBACK")
-        return
+        if _out_of_memory(exc):
+            return False
+        raise
     except BaseException:
         con.execute("ROLLBACK")
         raise
     con.execute("COMMIT")
+    return True
+
+
+def _out_of_memory(exc: BaseException | None) -> bool:
+    """Whether `exc` is DuckDB's out-of-memory error, or one a cleanup raised while that error
+    unwound (a `finally` that queries an aborted transaction: "Current transaction is aborted",
+    with the memory error as its context)."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, duckdb.OutOfMemoryException):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def refresh(db_path: str | os.PathLike[str], mods: tuple[ModuleType, ...]) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from types import ModuleType
 
 import duckdb
 import pytest
@@ -113,3 +114,82 @@ def test_stored_report_is_what_one_after_the_other_computes(tmp_path: Path) -> N
     for name, table in fresh.results[cp].tables.items():
         assert stored.results[cp].tables[name].equals(table), name
     assert any(f.saving_ns for f in stored.findings)  # the savings' replays ran on that model
+
+
+def _job_db(tmp_path: Path) -> Path:
+    write_job(GpuJob(tp=1, pp=2, dp=2, m=4, steps=2), tmp_path / "run")
+    db = tmp_path / "run.duckdb"
+    load_traces([str(tmp_path / "run")], db, workers=1)
+    return db
+
+
+def _stored(db: Path) -> list[str]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return [r[0] for r in con.execute("SELECT analysis FROM analysis_results").fetchall()]
+    finally:
+        con.close()
+
+
+def test_what_did_not_fit_side_by_side_is_done_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both halves share DuckDB's memory budget (a third of the input): the graph built beside
+    the analyses, or the analyses beside the graph, may run out of it. Each is then done
+    again alone, as before: nothing is lost (seen on the 5 M-kernel Nsight export)."""
+    from ranklens.analysis import results_store
+
+    db = _job_db(tmp_path)
+    calls = {"model": 0, "store_all": 0}
+    real_model, real_store_all = critical_path.model, results_store.store_all
+
+    def model(con: duckdb.DuckDBPyConnection) -> critical_path.Model:
+        calls["model"] += 1
+        if calls["model"] == 1:
+            raise duckdb.OutOfMemoryException("Out of Memory Error: side by side")
+        return real_model(con)
+
+    def store_all(con: duckdb.DuckDBPyConnection, mods: tuple[ModuleType, ...]) -> list[str]:
+        calls["store_all"] += 1
+        if calls["store_all"] == 1:
+            real_store_all(con, mods[:2])  # some written, then out of memory: rolled back
+            raise duckdb.OutOfMemoryException("Out of Memory Error: side by side")
+        done: list[str] = real_store_all(con, mods)
+        return done
+
+    monkeypatch.setattr(critical_path, "model", model)
+    monkeypatch.setattr(results_store, "store_all", store_all)
+    con = duckdb.connect(str(db))
+    results_store.finalize_run(con)
+    con.close()
+    assert calls == {"model": 2, "store_all": 2}
+    got = _stored(db)
+    assert "report" in got and "critical_path" in got and "pipeline" in got
+
+
+def test_a_cleanup_after_running_out_of_memory_is_still_out_of_memory(tmp_path: Path) -> None:
+    """A `finally` that queries the transaction DuckDB aborted raises "Current transaction is
+    aborted", the memory error only its context: the step still did not fit (nothing kept,
+    the ingest goes on), it is not an internal error."""
+    from ranklens.analysis.results_store import _if_it_fits
+
+    con = duckdb.connect(str(tmp_path / "a.duckdb"))
+    con.execute("SET memory_limit = '2MB'")
+    con.execute("SET temp_directory = ''")  # no spilling: the sort below cannot fit
+
+    def step() -> None:
+        con.execute("CREATE TABLE kept AS SELECT 1")
+        try:
+            con.execute(
+                "SELECT range::VARCHAR || 'x' AS s FROM range(3000000) ORDER BY s DESC"
+            ).fetchall()
+        finally:
+            con.execute("DROP TABLE IF EXISTS temp.scratch")  # on the aborted transaction
+
+    assert _if_it_fits(con, step) is False
+    assert con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'kept'"
+    ).fetchall() == [(0,)]
+    assert _if_it_fits(con, lambda: con.execute("CREATE TABLE fine AS SELECT 1")) is True
+    with pytest.raises(duckdb.CatalogException):  # any other error is raised as it is
+        _if_it_fits(con, lambda: con.execute("SELECT * FROM missing"))
