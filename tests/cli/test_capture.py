@@ -21,25 +21,34 @@ def _ranklens(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
 
 
+def _capture_args(run: Path, train_args: tuple[str, ...], steps: str) -> list[str]:
+    exe = Path(sys.executable).with_name("ranklens")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    return [str(exe), "capture", "-o", str(run), "--steps", steps, "--", *torchrun,
+            "--nproc-per-node", "4", str(TRAIN), *train_args]  # fmt: skip
+
+
 def _capture(run: Path, *train_args: str, steps: str = "3") -> None:
     """`ranklens capture` of the sample model on 4 torchrun ranks (gloo, CPU)."""
-    res = _ranklens(
-        "capture",
-        "-o",
-        str(run),
-        "--steps",
-        steps,
-        "--",
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "4",
-        str(TRAIN),
-        *train_args,
+    res = subprocess.run(
+        _capture_args(run, train_args, steps), capture_output=True, text=True, timeout=600
     )
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+def _capture_together(*runs: tuple[Path, tuple[str, ...]], steps: str = "3") -> None:
+    """Capture the runs at the same time. Why: runs compared with each other must see the same
+    machine; taken one after the other, whatever else loads it (the rest of CI, steal) can
+    load one run and not the next, and a rank starved in one run waits in its allreduces for
+    half of every step: a real difference between the runs, but not one their configurations
+    made (CI once saw DP exposed comm +49.7% of step between two identical runs)."""
+    logs = [run.with_name(run.name + ".log") for run, _args in runs]
+    procs = []
+    for (run, args), log in zip(runs, logs, strict=True):
+        with log.open("w") as out:  # a file, not a pipe: nobody reads them while all run
+            procs.append(subprocess.Popen(_capture_args(run, args, steps), stdout=out, stderr=out))
+    for proc, log in zip(procs, logs, strict=True):
+        assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
 
 
 def test_command_without_ranks_is_an_error(tmp_path: Path) -> None:
@@ -142,14 +151,15 @@ def test_capture_slowed_rank_fails_straggler_check(tmp_path: Path) -> None:
 def test_baseline_two_real_runs(tmp_path: Path) -> None:
     """Two captures of one configuration: no regression (differences stay within the
     threshold or the measured step-to-step noise). A run with a rank slowed by 150 ms per
-    forward: a step-time regression, named. (4 gloo processes share 2 cores here, often with
-    other work: the threshold and the injected slowdown leave room for that noise.)"""
+    forward: a step-time regression, named. (The three runs are taken at once, 12 gloo
+    processes on 2 cores here, so that they share whatever else loads the machine: the
+    threshold and the injected slowdown leave room for the noise that remains.)"""
     pytest.importorskip("torch", reason="capture needs torch (CI installs torch==2.13.0)")
     base, same, slow = tmp_path / "base", tmp_path / "same", tmp_path / "slow"
     dp4 = ("--tp", "1", "--pp", "1", "--dp", "4", "--microbatches", "2", "--steps", "6")
-    _capture(base, *dp4)
-    _capture(same, *dp4)
-    _capture(slow, *dp4, "--slow-rank", "3", "--slow-ms", "150")
+    _capture_together(
+        (base, dp4), (same, dp4), (slow, (*dp4, "--slow-rank", "3", "--slow-ms", "150"))
+    )
     ok = _ranklens(
         "check", str(same), "--baseline", str(base), "--max-regression", "25%", "-f", "json"
     )
