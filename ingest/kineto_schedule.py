@@ -8,9 +8,6 @@ of files and pieces in flight, staging each piece as it arrives instead of a who
 
 from __future__ import annotations
 
-import contextlib
-import os
-import stat
 import threading
 from collections.abc import Callable, Generator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -76,7 +73,7 @@ def run_serial(batch: Batch) -> None:
 def run_parallel(batch: Batch) -> None:
     pool = lifecycle.worker_pool(batch.workers, "ranklens.ingest.kineto")
     try:
-        _run_pool(batch, pool, _hash_while_starting(pool, batch))
+        _run_pool(batch, pool, _first_while_starting(pool, batch))
     except BaseException as exc:
         pool.shutdown(wait=True, cancel_futures=True)  # only pieces already running finish
         if isinstance(exc, BrokenProcessPool):  # seen outside a file (submitting a preparation)
@@ -85,34 +82,62 @@ def run_parallel(batch: Batch) -> None:
     pool.shutdown(wait=True)
 
 
-def _hash_while_starting(pool: ProcessPoolExecutor, batch: Batch) -> dict[str, str]:
-    """Start the workers (a new interpreter importing the decoder: ~0.4 s in which this process
-    would only wait) while hashing the first file here; its hash then need not compete with the
-    decoding for the cores. Returns {path: sha256}."""
+@dataclass
+class _Head:
+    """The first file, prepared here, and the pieces of it decoded here, as futures (done)."""
+
+    prepared: Future[kineto.Prepared]
+    pieces: list[Future[kineto.Piece]]
+
+
+def _first_while_starting(pool: ProcessPoolExecutor, batch: Batch) -> _Head:
+    """Start the workers (a new interpreter importing the decoder: ~0.3 s in which this process
+    would only wait) while preparing the first file here and decoding its pieces until they are
+    up. Why: the first write waits for the first file's pieces; decoded here they are ready
+    as the workers start on the rest (8 x 60 MB ranks: first write at 0.32 s instead of 0.57).
+    What raises is kept in the futures, for the file's turn, as a worker's would be."""
     starting = threading.Thread(target=lifecycle.start_workers, args=(pool, batch.workers))
     starting.start()
-    shas: dict[str, str] = {}
+    head = _Head(Future(), [])
+    prep = None
     try:
-        path = batch.files[0][1]
-        with contextlib.suppress(OSError):  # unreadable: prepare() says so, naming the file
-            if stat.S_ISREG(os.stat(path).st_mode):  # never a FIFO (it could block)
-                shas[path] = kineto.file_sha256(path)
+        tid, path = batch.files[0]
+        prep = kineto.prepare(path, kineto.PIECE_BYTES, None, batch.scratch)
+        rank = batch.sink.rank_named(path, RankPart(prep.rank, prep.info))
+        while starting.is_alive() and len(head.pieces) < len(prep.pieces):
+            head.pieces.append(Future())
+            head.pieces[-1].set_result(kineto.decode_staged(prep, len(head.pieces) - 1, rank, tid))
+    except Exception as exc:  # at the file's turn: from its preparation, its rank or a piece
+        if prep is None:
+            head.prepared.set_exception(exc)
+        elif head.pieces:
+            head.pieces[-1].set_exception(exc)
+        # a refused rank: _start asks again, and keeps the error for the file's turn
+    except BaseException:
+        if prep is not None:
+            kineto.cleanup(prep)
+        raise
     finally:
         starting.join()
-    return shas
+    if prep is not None:
+        head.prepared.set_result(prep)
+    return head
 
 
-def _run_pool(batch: Batch, pool: ProcessPoolExecutor, shas: dict[str, str]) -> None:
+def _run_pool(batch: Batch, pool: ProcessPoolExecutor, head: _Head) -> None:
     sink, n, tmp_root = batch.sink, batch.workers, batch.scratch
     files = [f for _tid, f in batch.files]
     # Files are prepared (hashed, inflated to temp files) at most `n` ahead of the one being
     # decoded, so temp disk and memory stay bounded however many ranks the run has.
-    preps: list[Future[kineto.Prepared]] = []
+    preps: list[Future[kineto.Prepared]] = [head.prepared]
 
     def prepare_upto(i: int) -> None:
         while len(preps) < min(len(files), i + n + 1):
+            # Prepared ahead while others decode, a later file is hashed by its worker too (the
+            # main process, the one writer, took ~0.05 s a 60 MB rank for it in its own chain
+            # of work); the first one is hashed here (_parallel_file).
             preps.append(
-                pool.submit(kineto.prepare, files[len(preps)], kineto.PIECE_BYTES, None, tmp_root)
+                pool.submit(kineto.prepare, files[len(preps)], kineto.PIECE_BYTES, True, tmp_root)
             )
 
     # A file's rank is written (steps assigned, one INSERT) only after the next file's
@@ -150,8 +175,9 @@ def _run_pool(batch: Batch, pool: ProcessPoolExecutor, shas: dict[str, str]) -> 
         for i, (tid, f) in enumerate(batch.files):
             if started and started[-1].pieces > 1:
                 drain()
-            prepare_upto(i)
-            started.append(_start(sink, pool, preps[i], shas, tid, f, n))
+            done = head.pieces if i == 0 else []
+            started.append(_start(sink, pool, preps[i], tid, f, n, done))
+            prepare_upto(i)  # after the file's pieces: a worker takes them first
             while len(started) > 1:
                 drain()
         while started:
@@ -199,19 +225,18 @@ def _start(
     sink: Sink,
     pool: ProcessPoolExecutor,
     prepared: Future[kineto.Prepared],
-    shas: dict[str, str],
     tid: int,
     path: str,
     n: int,
+    done: list[Future[kineto.Piece]],
 ) -> _Started:
-    """Submit a file's first pieces, with the rank it names (claimed at its turn); an error is
-    kept for its turn."""
+    """Submit a file's first pieces (after those `done` here), with the rank it names (claimed
+    at its turn); an error is kept for its turn."""
     st = _Started(tid, path)
     try:
         st.prep = prepared.result()
-        st.prep.sha256 = st.prep.sha256 or shas.pop(path, "")
         st.rank = sink.rank_named(path, RankPart(st.prep.rank, st.prep.info))
-        st.decoding = _parallel_file(sink, pool, tid, st.prep, st.rank, n)
+        st.decoding = _parallel_file(sink, pool, tid, st.prep, st.rank, n, done)
         next(st.decoding)  # its first pieces are now in flight
     except Exception as exc:
         st.error = exc
@@ -233,39 +258,56 @@ def _cleanup_prepared(fut: Future[kineto.Prepared]) -> None:
 
 
 def _parallel_file(
-    sink: Sink, pool: ProcessPoolExecutor, tid: int, prep: kineto.Prepared, rank: int, n: int
+    sink: Sink,
+    pool: ProcessPoolExecutor,
+    tid: int,
+    prep: kineto.Prepared,
+    rank: int,
+    n: int,
+    done: list[Future[kineto.Piece]],
 ) -> Generator[None, None, Callable[[], None]]:
-    """Decode a file's pieces in the pool (yields once its first pieces are submitted); returns
-    what writes its rank."""
-    pending: list[Future[kineto.Piece]] = []
+    """Decode a file's pieces in the pool, after its first ones `done` here (yields once its
+    first pieces are submitted); returns what writes its rank."""
+    pending: list[Future[kineto.Piece]] = list(done)
     pieces: list[kineto.Piece] = []
-    nxt = 0
+    ahead = 2 * (n + 1)
+    nxt = len(done)
     first = True
+    hashing: Future[str] | None = None
     try:
         while nxt < len(prep.pieces) or pending:
-            # one piece more than workers: a worker that finishes while this process packs
-            # the piece before it starts the next at once (in-process 2.43 -> 2.32 s on the
-            # 402 MB trace; one more decoded piece, ~16 MB of input, held at most)
-            while nxt < len(prep.pieces) and len(pending) < n + 1:
+            # Twice as many pieces as workers, and one more each: the first ones decode while
+            # this process writes the file before (a rank's write takes about as long as one
+            # core decoding it); with one more than workers, a 60 MB rank's last pieces waited
+            # for that write, the workers idle. Decoded pieces come back packed (~1/8 of their
+            # input), so what waits here stays small.
+            while nxt < len(prep.pieces) and len(pending) < ahead:
                 pending.append(pool.submit(kineto.decode_staged, prep, nxt, rank, tid))
                 nxt += 1
+            if hashing is None and not prep.sha256:
+                # by a worker, after the first pieces: this process, the one writer, has its
+                # own chain of work (a 60 MB rank's hash here delayed every write by 0.05 s)
+                hashing = pool.submit(kineto.file_sha256, prep.path)
             if first:
                 first = False
                 yield
-            if not prep.sha256:  # while the workers decode (hashlib releases the GIL)
-                prep.sha256 = kineto.file_sha256(prep.path)
             pc = pending.pop(0).result()
             if pc.staged is not None:
                 sink.add_staged(rank, pc.staged)
                 pc.staged = None
             pieces.append(pc)
+        if hashing is not None:
+            prep.sha256 = hashing.result()
     except kineto.BadCut:
         for f in pending:
             f.cancel()
         sink.drop_events(tid)
+        if hashing is not None:
+            prep.sha256 = hashing.result()
         _serial_file(sink, tid, prep, rank)  # now: the inflated copy of a .gz goes soon
         return lambda: None
     if first:  # no pieces at all
+        prep.sha256 = prep.sha256 or kineto.file_sha256(prep.path)
         yield
     return lambda: _finish_file(sink, tid, prep, rank, pieces)
 

@@ -364,9 +364,9 @@ def test_parallel_pieces_match_serial(
     planned: list[int] = []
     real = kineto_schedule._parallel_file
 
-    def spy(sink: Any, pool: Any, tid: int, prep: kineto.Prepared, rank: int, n: int) -> Any:
+    def spy(sink: Any, pool: Any, tid: int, prep: kineto.Prepared, *rest: Any) -> Any:
         planned.append(len(prep.pieces))
-        return real(sink, pool, tid, prep, rank, n)
+        return real(sink, pool, tid, prep, *rest)
 
     monkeypatch.setattr(kineto_schedule, "_parallel_file", spy)
     load_traces(paths, tmp_path / "parallel.duckdb", workers=2)
