@@ -18,7 +18,7 @@ from typing import Any
 from ranklens.ingest import kineto, lifecycle
 from ranklens.ingest._model import Batch, RankPart, Reader
 from ranklens.ingest.errors import WorkerDied
-from ranklens.ingest.sink import Sink
+from ranklens.ingest.sink import Sink, file_size
 
 
 def _finish_file(
@@ -127,24 +127,32 @@ def _first_while_starting(pool: ProcessPoolExecutor, batch: Batch) -> _Head:
 def _run_pool(batch: Batch, pool: ProcessPoolExecutor, head: _Head) -> None:
     sink, n, tmp_root = batch.sink, batch.workers, batch.scratch
     files = [f for _tid, f in batch.files]
-    # Files are prepared (hashed, inflated to temp files) at most `n` ahead of the one being
-    # decoded, so temp disk and memory stay bounded however many ranks the run has.
+    # Files are prepared (hashed, inflated to temp files) n ahead of the one started last,
+    # small ones up to AHEAD_FILES / AHEAD_PIECES ahead, so temp disk and memory stay bounded
+    # however many ranks the run has.
     preps: list[Future[kineto.Prepared]] = [head.prepared]
+    sizes = [file_size(f) for f in files]
 
     def prepare_upto(i: int) -> None:
-        while len(preps) < min(len(files), i + n + 1):
+        """The files past file i prepared or in preparation: the workers' queue must hold
+        enough to decode while this process writes a batch of small ranks."""
+        while len(preps) < len(files):
+            j = len(preps)
+            small = sum(sizes[i + 1 : j + 1]) <= AHEAD_PIECES * kineto.PIECE_BYTES
+            if j > i + n and not (small and j <= i + AHEAD_FILES):
+                return
             # Prepared ahead while others decode, a later file is hashed by its worker too (the
             # main process, the one writer, took ~0.05 s a 60 MB rank for it in its own chain
             # of work); the first one is hashed here (_parallel_file).
-            preps.append(
-                pool.submit(kineto.prepare, files[len(preps)], kineto.PIECE_BYTES, True, tmp_root)
-            )
+            preps.append(pool.submit(kineto.prepare, files[j], kineto.PIECE_BYTES, True, tmp_root))
 
     # A file's rank is written (steps assigned, one INSERT) only after the next file's
     # first pieces are in flight, so that the workers decode while the main process writes.
-    # A file of one piece is drained only once the next file's pieces are in flight too: with
-    # one file in flight the workers took turns (a 1,024-rank job's main process waited 7 s
-    # of 17 for them). A larger file is drained first, which bounds the pieces in flight.
+    # Files of one piece are drained only once the next ones are in flight too, up to
+    # _room's bound: with one file in flight the workers took turns (a 1,024-rank job's main
+    # process waited 7 s of 17 for them), and with two they idled while it wrote a batch of
+    # small ranks (~0.6 s each; it then waited 4.5 s of 14). A larger file is drained first,
+    # which bounds the pieces in flight.
     # Whatever a file's start raised, and its rank claim, come at its turn (`drain`), so
     # files are claimed, refused and reported in their order.
     deferred: Callable[[], None] | None = None
@@ -178,7 +186,7 @@ def _run_pool(batch: Batch, pool: ProcessPoolExecutor, head: _Head) -> None:
             done = head.pieces if i == 0 else []
             started.append(_start(sink, pool, preps[i], tid, f, n, done))
             prepare_upto(i)  # after the file's pieces: a worker takes them first
-            while len(started) > 1:
+            while len(started) > 1 and not _room(started):
                 drain()
         while started:
             drain()
@@ -198,6 +206,20 @@ def _run_pool(batch: Batch, pool: ProcessPoolExecutor, head: _Head) -> None:
             fut.add_done_callback(_cleanup_prepared)
 
 
+# Small files in flight at most, by count and by input bytes (a one-piece file is at most
+# PIECE_BYTES): their decoded pieces wait here packed, ~1/8 of their input.
+AHEAD_FILES = 64
+AHEAD_PIECES = 8
+
+
+def _room(started: list[_Started]) -> bool:
+    """Whether another file may start before the oldest started one is drained: only while
+    every started file is of one piece, and few enough of them."""
+    if len(started) >= AHEAD_FILES or any(st.pieces > 1 for st in started):
+        return False
+    return sum(st.size for st in started) <= AHEAD_PIECES * kineto.PIECE_BYTES
+
+
 @dataclass
 class _Started:
     """A file whose first pieces are in flight (or what its start raised), not drained yet."""
@@ -212,6 +234,10 @@ class _Started:
     @property
     def pieces(self) -> int:
         return len(self.prep.pieces) if self.prep is not None else 0
+
+    @property
+    def size(self) -> int:
+        return self.prep.raw_bytes if self.prep is not None else 0
 
     def close(self) -> None:
         """Stop its decoding (pieces still running are left to finish) and remove its copy."""

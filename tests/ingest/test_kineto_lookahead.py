@@ -1,9 +1,10 @@
-"""The Kineto pool decodes the next small file while it drains the current one, and files are
+"""The Kineto pool decodes the next small files while it drains the current one, and files are
 still claimed, refused and reported in their order (kineto_schedule._run_pool).
 
 Why: with one file in flight the two workers took turns on a run of many small rank files (a
-1,024-rank job's main process waited 7 s of 17 for them). Starting the next file early must not
-change which error a run stops at, nor let a bad file's rank claim refuse the next good file.
+1,024-rank job's main process waited 7 s of 17 for them), and with two they idled while the main
+process wrote a batch of small ranks. Starting files early must not change which error a run
+stops at, nor let a bad file's rank claim refuse the next good file.
 """
 
 from __future__ import annotations
@@ -40,19 +41,31 @@ def _spied(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     return seen
 
 
-def test_the_next_small_file_is_in_flight_before_one_is_drained(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("files", "pieces", "order"),
+    [
+        # all eight small files in flight before the first is drained
+        (64, 8, ["start"] * 8 + ["drain"] * 8),
+        # at most three in flight
+        (3, 8, ["start"] * 3 + ["drain", "start"] * 5 + ["drain"] * 3),
+        # no bytes ahead: each file started before the one before it is drained, no more
+        (64, 0, ["start"] + ["start", "drain"] * 7 + ["drain"]),
+    ],
+    ids=["all", "three-files", "no-bytes"],
+)
+def test_the_next_small_files_are_in_flight_before_one_is_drained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: int, pieces: int, order: list[str]
 ) -> None:
     seen = _spied(monkeypatch)
+    monkeypatch.setattr(kineto_schedule, "AHEAD_FILES", files)
+    monkeypatch.setattr(kineto_schedule, "AHEAD_PIECES", pieces)
     serial = load_traces([str(SAMPLE)], tmp_path / "serial.duckdb", workers=1)
     assert seen == []  # workers=1: no pool
     rep = load_traces([str(SAMPLE)], tmp_path / "pool.duckdb", workers=2)
     assert rep.ranks == serial.ranks == list(range(8))
     # the same run as one file at a time in this process: every table, row for row
     assert dump_tables(tmp_path / "pool.duckdb") == dump_tables(tmp_path / "serial.duckdb")
-    kinds = [k for k, _ in seen]
-    # every file but the first is started before the one before it is drained
-    assert kinds == ["start"] + ["start", "drain"] * 7 + ["drain"]
+    assert [k for k, _ in seen] == order
     names = [n for k, n in seen if k == "start"]
     assert names == sorted(names, key=lambda n: int(n.split("rank")[1].split(".")[0]))
 
@@ -78,4 +91,4 @@ def test_a_refused_file_does_not_refuse_the_next(
     rep = load_traces(_bad_then_good(tmp_path), tmp_path / "o.duckdb", workers=2, on_error="skip")
     assert [Path(s.path).name for s in rep.skipped] == ["rank0.json"]
     assert rep.ranks == [1, 2, 3]  # rank 1 from rank1.json.gz, decoded while rank0 was drained
-    assert [k for k, _ in seen][:3] == ["start", "start", "drain"]
+    assert [k for k, _ in seen] == ["start"] * 4 + ["drain"] * 4
