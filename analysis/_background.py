@@ -23,6 +23,15 @@ T = TypeVar("T")
 # Session settings a connection's queries depend on, which a new cursor does not inherit
 # (a sharded run's views find their Parquet files through file_search_path).
 _SESSION = ("file_search_path",)
+# The caller's temporary views that shadow a stored one, which a new cursor does not see
+# either: a sharded run's `events` on its shards' absolute path (shards.attach). Without it
+# the cursor read the stored view, whose relative path found no shard outside the run
+# directory: `ranklens ingest --storage shards` ended in an internal error.
+_SHADOWS_SQL = """
+SELECT sql FROM duckdb_views() t
+WHERE t.temporary AND EXISTS (
+  SELECT 1 FROM duckdb_views() s WHERE NOT s.temporary AND s.view_name = t.view_name)
+ORDER BY t.view_name"""
 
 
 class _Work(Generic[T]):
@@ -34,6 +43,8 @@ class _Work(Generic[T]):
             value = con.execute("SELECT current_setting(?)", [name]).fetchall()[0][0]
             if value:
                 self.cur.execute(f"SET {name} = ?", [value])
+        for (sql,) in con.execute(_SHADOWS_SQL).fetchall():
+            self.cur.execute(sql)
         self.fn = fn
         self.value: T | None = None
         self.error: BaseException | None = None

@@ -65,6 +65,22 @@ def test_session_settings_follow(tmp_path: Path) -> None:
         assert result() == [(7,)]
 
 
+def test_views_shadowing_stored_ones_follow(tmp_path: Path) -> None:
+    """A sharded run's stored `events` reads its shards by a path relative to the run; the
+    caller's connection shadows it by a temporary view on their absolute path (shards.attach),
+    which a new cursor would not see: it then read no shard outside the run directory."""
+    con = duckdb.connect(str(tmp_path / "a.duckdb"))
+    con.execute("CREATE VIEW v AS SELECT 1 AS x")  # the stored one: not what the caller reads
+    con.execute("CREATE VIEW other AS SELECT 1 AS x")
+    con.execute("CREATE TEMP VIEW v AS SELECT 7 AS x")
+    con.execute("CREATE TEMP VIEW mine AS SELECT 2 AS x")  # shadows nothing: not copied
+    views = "SELECT count(*) FROM duckdb_views() WHERE temporary AND view_name = 'mine'"
+    with background(
+        con, lambda c: (c.execute("SELECT x FROM v").fetchall(), c.execute(views).fetchall())
+    ) as result:
+        assert result() == ([(7,)], [(0,)])
+
+
 def test_leaving_early_stops_its_query(tmp_path: Path) -> None:
     """Ctrl+C in the caller's block: the running query is stopped and the block left once the
     thread is done, promptly (a thread left inside DuckDB aborts the interpreter at exit)."""
