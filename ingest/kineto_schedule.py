@@ -143,7 +143,7 @@ def _run_pool(batch: Batch, pool: ProcessPoolExecutor, head: _Head) -> None:
                 return
             # Prepared ahead while others decode, a later file is hashed by its worker too (the
             # main process, the one writer, took ~0.05 s a 60 MB rank for it in its own chain
-            # of work); the first one is hashed here (_parallel_file).
+            # of work); the first one's hash is a pool task (_parallel_file).
             preps.append(pool.submit(kineto.prepare, files[j], kineto.PIECE_BYTES, True, tmp_root))
 
     # A file's rank is written (steps assigned, one INSERT) only after the next file's
