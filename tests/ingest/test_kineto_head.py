@@ -10,35 +10,49 @@ stops at and names.
 from __future__ import annotations
 
 import hashlib
-import time
 from concurrent.futures import Future
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import duckdb
 import pytest
-from ranklens.ingest import kineto, kineto_schedule, lifecycle, load_traces, loader
+from ranklens.ingest import kineto, kineto_schedule, load_traces, loader
 from ranklens.ingest.errors import TraceFormatError
 from test_bad_input import good, with_event
 from test_kineto import bad_cuts, chunky, dump_tables
 
 
-def _slow_start(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Workers that take 0.5 s to start, so the main process decodes the first file's pieces
-    meanwhile; returns what each piece decoded here came to ("ok" or the error's name)."""
-    here: list[str] = []
-    start, first = lifecycle.start_workers, kineto_schedule._first_while_starting
+class _Starting:
+    """The workers' start as the main process sees it: still running until the first file is
+    decoded here whole (or a piece fails), then done at once when joined. Deterministic, where
+    a start slowed by a sleep left it to the machine's speed how many pieces were decoded."""
 
-    def slow(pool: Any, workers: int) -> None:
-        time.sleep(0.5)
-        start(pool, workers)
+    def __init__(self, target: Any, args: tuple[Any, ...]) -> None:
+        self.target, self.args = target, args
+
+    def start(self) -> None:
+        pass
+
+    def is_alive(self) -> bool:
+        return True
+
+    def join(self) -> None:
+        self.target(*self.args)
+
+
+def _slow_start(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Workers that start only once the main process decoded the first file's pieces; returns
+    what each piece decoded here came to ("ok" or the error's name)."""
+    here: list[str] = []
+    first = kineto_schedule._first_while_starting
 
     def spied(pool: Any, batch: Any) -> Any:
         head = first(pool, batch)
         here.extend(type(f.exception()).__name__ if f.exception() else "ok" for f in head.pieces)
         return head
 
-    monkeypatch.setattr(lifecycle, "start_workers", slow)
+    monkeypatch.setattr(kineto_schedule, "threading", SimpleNamespace(Thread=_Starting))
     monkeypatch.setattr(kineto_schedule, "_first_while_starting", spied)
     monkeypatch.setattr(loader, "_SERIAL_BELOW_BYTES", 0)  # small files: use the pool anyway
     return here
