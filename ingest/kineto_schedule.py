@@ -128,7 +128,7 @@ def _run_pool(batch: Batch, pool: ProcessPoolExecutor, head: _Head) -> None:
     sink, n, tmp_root = batch.sink, batch.workers, batch.scratch
     files = [f for _tid, f in batch.files]
     # Files are prepared (hashed, inflated to temp files) n ahead of the one started last,
-    # small ones up to AHEAD_FILES / AHEAD_PIECES ahead, so temp disk and memory stay bounded
+    # small ones as far as _within allows, so temp disk and memory stay bounded
     # however many ranks the run has.
     preps: list[Future[kineto.Prepared]] = [head.prepared]
     sizes = [file_size(f) for f in files]
@@ -138,8 +138,7 @@ def _run_pool(batch: Batch, pool: ProcessPoolExecutor, head: _Head) -> None:
         enough to decode while this process writes a batch of small ranks."""
         while len(preps) < len(files):
             j = len(preps)
-            small = sum(sizes[i + 1 : j + 1]) <= AHEAD_PIECES * kineto.PIECE_BYTES
-            if j > i + n and not (small and j <= i + AHEAD_FILES):
+            if j > i + n and not _within(j - i, sum(sizes[i + 1 : j + 1])):
                 return
             # Prepared ahead while others decode, a later file is hashed by its worker too (the
             # main process, the one writer, took ~0.05 s a 60 MB rank for it in its own chain
@@ -148,8 +147,8 @@ def _run_pool(batch: Batch, pool: ProcessPoolExecutor, head: _Head) -> None:
 
     # A file's rank is written (steps assigned, one INSERT) only after the next file's
     # first pieces are in flight, so that the workers decode while the main process writes.
-    # Files of one piece are drained only once the next ones are in flight too, up to
-    # _room's bound: with one file in flight the workers took turns (a 1,024-rank job's main
+    # Files of one piece are drained only once the next ones are in flight too, as far as
+    # _within allows: with one file in flight the workers took turns (a 1,024-rank job's main
     # process waited 7 s of 17 for them), and with two they idled while it wrote a batch of
     # small ranks (~0.6 s each; it then waited 4.5 s of 14). A larger file is drained first,
     # which bounds the pieces in flight.
@@ -212,12 +211,17 @@ AHEAD_FILES = 64
 AHEAD_PIECES = 8
 
 
+def _within(files: int, nbytes: int) -> bool:
+    """Whether `files` small files of `nbytes` in all may be ahead of the oldest one."""
+    return files <= AHEAD_FILES and nbytes <= AHEAD_PIECES * kineto.PIECE_BYTES
+
+
 def _room(started: list[_Started]) -> bool:
     """Whether another file may start before the oldest started one is drained: only while
     every started file is of one piece, and few enough of them."""
-    if len(started) >= AHEAD_FILES or any(st.pieces > 1 for st in started):
+    if any(st.pieces > 1 for st in started):
         return False
-    return sum(st.size for st in started) <= AHEAD_PIECES * kineto.PIECE_BYTES
+    return _within(len(started) + 1, sum(st.size for st in started))
 
 
 @dataclass
