@@ -119,12 +119,21 @@ def _pg_names(trace: dict[str, Any]) -> dict[tuple[str, tuple[int, ...]], str]:
     }
 
 
-def _load_worker() -> Any:
-    """Import the torch-dependent worker module, whether run as a script or as a package."""
-    name = f"{__package__}._model" if __package__ else "_model"
-    if not __package__:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
+def _sibling(module: str) -> Any:
+    """Import a module beside this file, whether it runs as a script or as a package."""
+    name = f"{__package__}.{module}" if __package__ else module
+    here = str(Path(__file__).resolve().parent)
+    if not __package__ and here not in sys.path:
+        sys.path.insert(0, here)
     return importlib.import_module(name)
+
+
+def _load_worker() -> Any:
+    """The torch-dependent worker module (imported only when a job is launched)."""
+    return _sibling("_model")
+
+
+_scenarios = _sibling("_scenarios")  # the committed scenarios (no torch)
 
 
 def summarize(part: dict[str, Any]) -> dict[str, Any]:
@@ -266,90 +275,13 @@ def generate(
     return truth
 
 
-# Committed scenarios: name -> (flags, what it shows). Regenerate with --scenario NAME|all.
-SCENARIOS: dict[str, tuple[str, str]] = {
-    "megatron_tp2_pp2_dp2": (
-        "--tp 2 --pp 2 --dp 2 --microbatches 4 --schedule 1f1b --steps 3 --hidden 256",
-        "The main demo: 8 ranks, Megatron layout and group names, 1F1B over 4 micro-batches. "
-        "TP all-reduces inside forward/backward, PP send/recv between stages {0-3} and {4-7}, "
-        "one bucketed DP gradient all-reduce per step.",
-    ),
-    "straggler_rank3": (
-        "--tp 1 --pp 1 --dp 4 --microbatches 2 --steps 3 --slow-rank 3 --slow-ms 20",
-        "Pure data parallel over 4 ranks; rank 3 burns 20 ms of extra matmul per micro-batch "
-        "forward (40 ms per step), so ranks 0-2 wait for it in the DP all-reduce every step.",
-    ),
-    "pp4_gpipe_m2": (
-        "--tp 1 --pp 4 --dp 1 --microbatches 2 --schedule gpipe --steps 3 --hidden 512",
-        "4 pipeline stages, GPipe, only 2 micro-batches: large bubble "
-        "(closed form (p-1)/(m+p-1) = 0.60).",
-    ),
-    "pp4_1f1b_m8": (
-        "--tp 1 --pp 4 --dp 1 --microbatches 8 --schedule 1f1b --steps 3 --hidden 512",
-        "4 pipeline stages, 1F1B, 8 micro-batches: smaller bubble "
-        "(closed form (p-1)/(m+p-1) = 0.27).",
-    ),
-    "pp4_slow_stage2": (
-        "--tp 1 --pp 4 --dp 1 --microbatches 4 --schedule 1f1b --steps 3 --hidden 512 "
-        "--slow-rank 2 --slow-ms 15",
-        "4 pipeline stages, 1F1B, 4 micro-batches; stage 2 (rank 2) burns 15 ms of extra "
-        "matmul per micro-batch forward: the slow stage the pipeline analysis must name "
-        "(closed form (p-1)/(m+p-1) = 0.43 before the imbalance).",
-    ),
-    "unnamed_tp2_pp2_dp2": (
-        "--tp 2 --pp 2 --dp 2 --microbatches 4 --schedule 1f1b --steps 2 --hidden 256 "
-        "--unnamed-groups",
-        "Same job as megatron_tp2_pp2_dp2 (2 steps) but the groups have no description "
-        "(pg_desc 'undefined'): a tool must infer DP/TP/PP from the rank layout.",
-    ),
-}
-
-
-def scenario_readme(name: str, truth: dict[str, Any]) -> str:
-    """README of a committed scenario: the exact command, torch version and what it shows."""
-    cfg = truth["config"]
-    lines = [
-        f"# {name}",
-        "",
-        SCENARIOS[name][1],
-        "",
-        f"Made with torch {truth['torch_version']} (CPU, gloo) on a "
-        f"{truth['tolerances']['host_cpus']}-CPU host ({cfg['world_size']} ranks) by:",
-        "",
-        "```",
-        f"python sample_traces/generate.py --scenario {name}",
-        f"# = {truth['command']}",
-        "```",
-        "",
-        "- `raw/rank{r}.json.gz`: one Kineto trace per rank, "
-        f"{cfg['steps']} profiled steps (ProfilerStep#{truth['profiled_steps'][0]}.."
-        f"#{truth['profiled_steps'][-1]}).",
-        "- `truth.json`: config, group layout (kind, description, ranks, pg_name), injected "
-        "slowdown and per-rank timings measured inside the job (see ../README.md).",
-        "",
-        "Measured per-rank means over the profiled steps (ms; CPU time-sharing inflates "
-        "them, treat as qualitative):",
-        "",
-        "| rank | step | forward | backward | injected slow | p2p recv wait | DP all-reduce |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in truth["ranks"]:
-        m = r["summary"]
-        lines.append(
-            f"| {r['rank']} | {m['step_wall_ms']} | {m['forward_ms']} | "
-            f"{m['backward_ms']} | {m['injected_slow_ms']} | "
-            f"{m['p2p_recv_wait_ms']} | {m['dp_allreduce_ms']} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--out", type=Path, help="output folder (required without --scenario)")
     p.add_argument(
         "--scenario",
-        choices=[*SCENARIOS, "all"],
+        choices=[*_scenarios.SCENARIOS, "all"],
         help="regenerate a committed scenario under sample_traces/ (flags preset)",
     )
     p.add_argument("--tp", type=int, default=2)
@@ -403,7 +335,7 @@ def run(argv: list[str], readme_for: str | None = None, recorded: list[str] | No
         command="python sample_traces/generate.py " + shlex.join(recorded or argv),
     )
     if readme_for:
-        (a.out / "README.md").write_text(scenario_readme(readme_for, truth))
+        (a.out / "README.md").write_text(_scenarios.readme(readme_for, truth))
     size = sum(f.stat().st_size for f in a.out.glob("**/rank*.json.gz"))
     print(
         f"wrote {truth['config']['world_size']} traces ({size / 1e6:.2f} MB) to {a.out} "
@@ -419,9 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.scenario is None:
         run(argv)
         return 0
-    names = list(SCENARIOS) if a.scenario == "all" else [a.scenario]
+    names = list(_scenarios.SCENARIOS) if a.scenario == "all" else [a.scenario]
     for name in names:
-        flags = [*shlex.split(SCENARIOS[name][0]), "--raw", "--out"]
+        flags = [*shlex.split(_scenarios.SCENARIOS[name][0]), "--raw", "--out"]
         out = Path(__file__).resolve().parent / name
         run([*flags, str(out)], readme_for=name, recorded=[*flags, f"sample_traces/{name}"])
     return 0
