@@ -33,6 +33,7 @@ import duckdb
 import numpy as np
 import numpy.typing as npt
 from ranklens.analysis import graph_host as gh
+from ranklens.analysis import graph_nodes
 from ranklens.analysis import graph_units as gu
 from ranklens.analysis._sql import apply_sql
 
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     import networkx as nx
 
 I64 = npt.NDArray[np.int64]
-NEG = -(1 << 62)  # "no constraint" for a base or a dropped edge
+NEG = gu.NEG  # "no constraint" for a base or a dropped edge
 
 # vertex kinds
 V_NODE, V_ARRIVE, V_JOIN, V_END = 0, 1, 2, 3
@@ -110,138 +111,77 @@ def build(
     during: Callable[[duckdb.DuckDBPyConnection, Graph], None] | None = None,
 ) -> Graph:
     """Read the run's activity and matched collectives and build the graph of every step;
-    `during(con, graph)` runs while the numbered events (temp table _critical_path_ev) exist."""
+    `during(con, graph)` runs while the numbered events (view _critical_path_ev) exist."""
     try:
-        apply_sql(con, "critical_path")  # numbers the events into temp table _critical_path_ev
-        ev = con.execute(
-            "SELECT rank, step, device, stream, is_comm, cls, s, e, has_gpu, blocking "
-            "FROM _critical_path_ev ORDER BY eid"
-        ).fetchnumpy()
-        lnk = con.execute("SELECT dev, host FROM _critical_path_launch").fetchnumpy()
-        blk = con.execute("SELECT host, dev FROM _critical_path_blocks").fetchnumpy()
-        mem = con.execute(
-            "SELECT eid, instance_id, arr, parallelism, p2p FROM _critical_path_members "
-            "ORDER BY instance_id, eid"
-        ).fetchnumpy()
-        win = con.execute(
-            "SELECT rank, step, w_start, w_end FROM _critical_path_windows"
-        ).fetchnumpy()
-        g = _assemble(ev, mem, win, p, lnk, blk)
+        apply_sql(con, "critical_path")  # numbers the events (view _critical_path_ev)
+        g = _assemble(_inputs(con), p)
         if during is not None:
             during(con, g)
     finally:
-        for view in ("members", "launch", "blocks"):
-            con.execute(f"DROP VIEW IF EXISTS temp._critical_path_{view}")
-        con.execute("DROP TABLE IF EXISTS temp._critical_path_ev")
+        drop_inputs(con)
     return g
 
 
-def _col(d: dict[str, npt.NDArray[Any]], k: str) -> I64:
-    return np.asarray(d[k], dtype=np.int64)
+def _inputs(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:
+    """The query results the graph is built from (column arrays), in one dict that _assemble
+    empties: what it no longer needs is freed as it goes."""
+    ev = con.execute(
+        "SELECT eid, rank, step, device, stream, is_comm, cls, s, e, has_gpu, blocking "
+        "FROM _critical_path_ev"
+    ).fetchnumpy()
+    return {
+        "ev": _in_eid_order(ev),
+        "lnk": con.execute("SELECT dev, host FROM _critical_path_launch").fetchnumpy(),
+        "blk": con.execute("SELECT host, dev FROM _critical_path_blocks").fetchnumpy(),
+        "mem": con.execute(
+            "SELECT eid, instance_id, arr, parallelism, p2p FROM _critical_path_members "
+            "ORDER BY instance_id, eid"
+        ).fetchnumpy(),
+        "win": con.execute(
+            "SELECT rank, step, w_start, w_end FROM _critical_path_windows"
+        ).fetchnumpy(),
+    }
 
 
-def _assemble(
-    ev: dict[str, Any],
-    mem: dict[str, Any],
-    win: dict[str, Any],
-    p: BuildParams,
-    lnk: dict[str, Any],
-    blk: dict[str, Any],
-) -> Graph:
-    rank, step, dev = _col(ev, "rank"), _col(ev, "step"), _col(ev, "device")
-    stream, is_comm, cls = _col(ev, "stream"), _col(ev, "is_comm"), _col(ev, "cls")
-    s, e = _col(ev, "s"), _col(ev, "e")
-    gpu = np.asarray(ev["has_gpu"], dtype=bool)
-    n_ev = len(s)
-    blocking = np.asarray(ev["blocking"], dtype=bool)
-    launch_of = np.full(n_ev, -1, dtype=np.int64)
-    launch_of[_col(lnk, "dev")] = _col(lnk, "host")
-    m_eid, m_inst, m_arr = _col(mem, "eid"), _col(mem, "instance_id"), _col(mem, "arr")
-    member = np.zeros(n_ev, dtype=bool)
-    member[m_eid] = True
-    lane_new = np.ones(n_ev, dtype=bool)
-    if n_ev:
-        lane_new[1:] = (
-            (rank[1:] != rank[:-1])
-            | (step[1:] != step[:-1])
-            | (dev[1:] != dev[:-1])
-            | (stream[1:] != stream[:-1])
-            | (is_comm[1:] != is_comm[:-1])
-        )
-    lane = np.cumsum(lane_new) - 1
+def drop_inputs(con: duckdb.DuckDBPyConnection) -> None:
+    """Forget what critical_path.sql built on `con` (the numbered events are data of the
+    moment, and hold memory)."""
+    for view in ("ev", "members", "launch", "blocks"):
+        con.execute(f"DROP VIEW IF EXISTS temp._critical_path_{view}")
+    con.execute("DROP TABLE IF EXISTS temp._critical_path_ord")
 
-    un = gu.units(lane, lane_new, member, cls, s, e, alone=cls == 3)
-    u_lane, u_s, u_e, u_first = un["lane"], un["s"], un["e"], un["first"]
-    u_member = member[u_first]
-    rs, n_rs = gu.dense_key(rank[u_first], step[u_first])
-    tol = np.where(gpu[u_first], p.sync_tol_gpu_ns, p.sync_tol_cpu_ns).astype(np.int64)
-    n_u = len(u_s)
-    first_on_lane = np.ones(n_u, dtype=bool)
-    first_on_lane[1:] = u_lane[1:] != u_lane[:-1]
-    prev_e = np.full(n_u, NEG, dtype=np.int64)
-    prev_e[1:] = u_e[:-1]
-    prev_e[first_on_lane] = NEG
-    overlap = ~first_on_lane & (u_s < prev_e)
-    prev_e[overlap] = NEG  # overlapping spans (gloo p2p waits) do not order each other
-    u_host = cls[u_first] == 3
-    dv = np.flatnonzero(~u_host)  # device lanes wait on each other; host lanes only block
-    sub = gu.sync_sources(rs[dv], u_lane[dv], u_s[dv], u_e[dv], prev_e[dv], tol[dv])
-    sync = np.full(n_u, -1, dtype=np.int64)
-    sync[dv] = np.where(sub >= 0, dv[np.maximum(sub, 0)], -1)
-    is_source = np.zeros(n_u, dtype=bool)
-    is_source[sync[sync >= 0]] = True
-    mk = gh.marks(u_host, u_first, launch_of, s, prev_e, un["of_event"], blocking)
-    is_source[un["of_event"][_col(blk, "dev")]] = True  # what a blocking call waited for
 
-    # a node: a run of units of one lane with nothing waited for inside it
-    new_node = first_on_lane | u_member | (sync >= 0) | overlap
-    new_node |= mk.launch_bound | mk.point | mk.blocking
-    new_node[1:] |= u_member[:-1] | is_source[:-1] | mk.blocking[:-1]
-    node_of_unit = np.cumsum(new_node) - 1
-    starts = np.flatnonzero(new_node)
-    nn = len(starts)
-    n_start = u_s[starts]
-    n_end = np.maximum.reduceat(u_e, starts) if n_u else u_e
-    n_busy = (
-        np.stack([np.add.reduceat(un["busy"][:, k], starts) for k in range(3)], axis=1)
-        if n_u
-        else np.zeros((0, 3))
+def _in_eid_order(ev: dict[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[Any]]:
+    """The numbered events by eid (without it). A scan of one table keeps its order (DuckDB's
+    documented order preservation), so this is a check that costs one comparison, not a sort."""
+    eid = np.asarray(ev.pop("eid"), dtype=np.int64)
+    if np.array_equal(eid, np.arange(len(eid))):
+        return ev
+    order = np.argsort(eid, kind="stable")
+    return {k: np.asarray(v)[order] for k, v in ev.items()}
+
+
+def _assemble(inputs: dict[str, dict[str, Any]], p: BuildParams) -> Graph:
+    """The graph from build's query results, which it takes out of `inputs` (graph_nodes)."""
+    mem, win = inputs.pop("mem"), inputs.pop("win")
+    m_eid, m_inst, m_arr = (graph_nodes.col(mem, k) for k in ("eid", "instance_id", "arr"))
+    nd = graph_nodes.nodes(
+        inputs.pop("ev"),
+        m_eid,
+        win,
+        inputs.pop("lnk"),
+        inputs.pop("blk"),
+        p.sync_tol_gpu_ns,
+        p.sync_tol_cpu_ns,
     )
-    n_first_eid, n_comm = u_first[starts], u_member[starts]
-    n_block = mk.blocking[starts]
-    n_start[n_block] = n_end[n_block]  # a blocking call is a point at its return
-    n_rank, n_step = rank[n_first_eid], step[n_first_eid]
-    ev_node = node_of_unit[un["of_event"]]
-    rs_rank = np.zeros(n_rs, dtype=np.int64)
-    rs_step = np.zeros(n_rs, dtype=np.int64)
-    rs_rank[rs], rs_step[rs] = rank[u_first], step[u_first]
-    rs_first = np.full(n_rs, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(rs_first, rs[starts], n_start)  # a launch a little before its window
-    w_rs_start, w_rs_end = gu.window_of(
-        np.arange(n_rs),
-        rs_rank,
-        rs_step,
-        _col(win, "rank"),
-        _col(win, "step"),
-        _col(win, "w_start"),
-        _col(win, "w_end"),
-        rs_first,
-    )
-    w_start = w_rs_start[rs[starts]]  # each node's rank-step window
-
-    # in-edges of each node: its lane's previous node, the node it waited for, the step start
-    lane_src = np.where(first_on_lane[starts] | overlap[starts], -1, np.arange(nn) - 1)
-    sync_u = sync[starts]
-    sync_src = np.where(sync_u >= 0, node_of_unit[np.maximum(sync_u, 0)], -1)
-    b_node, t_node = ev_node[_col(blk, "host")], ev_node[_col(blk, "dev")]
-    keep = n_block[b_node] & (n_end[t_node] <= n_start[b_node])  # a blocking call waits
-    sync_src[b_node[keep]] = t_node[keep]
-    le = gh.launch_edges(launch_of, s, ev_node, u_lane[starts], n_first_eid, n_start, n_end)
+    nn = len(nd.start)
+    n_start, n_end, n_comm, n_step, ev_node = nd.start, nd.end, nd.comm, nd.step, nd.ev_node
+    lane_src, sync_src, n_block, le = nd.lane_src, nd.sync_src, nd.block, nd.launch
     ready = np.stack(
         [
             np.where(lane_src >= 0, n_end[np.maximum(lane_src, 0)], NEG),
             np.where(sync_src >= 0, n_end[np.maximum(sync_src, 0)], NEG),
-            w_start,
+            nd.w_start,
             gh.latest_per_node(le, nn, NEG),
         ],
         axis=1,
@@ -259,7 +199,8 @@ def _assemble(
     # the launch that set the start keeps the measured gap; the others their own constraint
     top = (bind[le.dst] == 3) & (le.ready == ready[le.dst, 3]) & (le.lag0 >= 0)
     g.add(le.dst, le.src, le.lag0 + np.where(top, lag[le.dst], 0), E_LAUNCH, frac=le.frac)
-    base = np.where(bind == 2, w_start + lag, w_start)
+    base = np.where(bind == 2, nd.w_start + lag, nd.w_start)
+    del ready, bind, lag, top
 
     # communication: a node's vertex is its arrival; an end vertex per node, a join per instance
     node_of_member = ev_node[m_eid]
@@ -329,18 +270,18 @@ def _assemble(
         ptr = np.zeros(len(v_kind) + 1, dtype=np.int64)
         np.cumsum(np.bincount(dst, minlength=len(v_kind)), out=ptr[1:])
     steps, st_start, st_end, st_act = gu.step_table(
-        rs_step, w_rs_start, w_rs_end, n_rs, rs[starts], n_end
+        nd.rs_step, nd.rs_w_start, nd.rs_w_end, len(nd.rs_step), nd.rs, n_end
     )
     return Graph(
-        n_rank=n_rank,
+        n_rank=nd.rank,
         n_step=n_step,
-        n_device=dev[n_first_eid],
-        n_stream=stream[n_first_eid],
+        n_device=nd.device,
+        n_stream=nd.stream,
         n_start=n_start,
         n_end=n_end,
-        n_busy=n_busy,
+        n_busy=nd.busy,
         n_comm=n_comm,
-        n_first_eid=n_first_eid,
+        n_first_eid=nd.first_eid,
         ev_node=ev_node,
         v_kind=v_kind,
         v_node=np.concatenate([np.arange(nn), comm_nodes, np.arange(ni)]).astype(np.int64),
@@ -363,7 +304,7 @@ def _assemble(
         order=order,
         dropped_edges=dropped,
         inconsistent=inconsistent,
-        ranks_gpu=_last_per_rank(n_rank, gpu[n_first_eid]),
+        ranks_gpu=_last_per_rank(nd.rank, nd.gpu),
     )
 
 

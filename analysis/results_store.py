@@ -208,7 +208,7 @@ def finalize_run(con: duckdb.DuckDBPyConnection) -> None:
 
 def _if_it_fits(con: duckdb.DuckDBPyConnection, step: Callable[[], object]) -> bool:
     """Run one storing step in a transaction; when it does not fit in the ingest's memory
-    budget (loader: a third of the input), nothing of it is kept, the ingest goes on and this
+    budget (loader: two thirds of the input), nothing of it is kept, the ingest goes on and this
     returns False: stored results only save the faces time, and they compute what is missing
     (on a 1,024-rank job the whole-run timeline overview needs ~1 GB, over that budget)."""
     con.execute("BEGIN TRANSACTION")

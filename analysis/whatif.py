@@ -296,7 +296,7 @@ def run_scenarios(g: Graph, scenarios: list[Scenario], ctx: Context) -> list[Out
 
 def node_pattern_ns(con: duckdb.DuckDBPyConnection, g: Graph, pattern: str) -> F64:
     """Per node: summed duration of its compute/copy events whose name matches `pattern`
-    (needs the numbered events, temp table _critical_path_ev; the pattern is a bound parameter)."""
+    (needs the numbered events, view _critical_path_ev; the pattern is a bound parameter)."""
     try:
         rows = con.execute(
             "SELECT eid, e - s FROM _critical_path_ev "

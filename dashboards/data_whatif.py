@@ -18,6 +18,7 @@ from ranklens.analysis import critical_path as cp
 from ranklens.analysis import whatif as wi
 from ranklens.analysis import whatif_run
 from ranklens.analysis._sql import apply_sql
+from ranklens.analysis.graph_build import drop_inputs
 from ranklens.analysis.report import stored_scenarios
 from ranklens.dashboards.data import RunData
 from ranklens.ingest.errors import RanklensError
@@ -117,8 +118,7 @@ def _pattern_ns(data: RunData, m: cp.Model, pattern: str) -> wi.F64:
         apply_sql(cur, "critical_path")
         return wi.node_pattern_ns(cur, m.graph, pattern)
     finally:
-        cur.execute("DROP VIEW IF EXISTS temp._critical_path_members")
-        cur.execute("DROP TABLE IF EXISTS temp._critical_path_ev")
+        drop_inputs(cur)
         cur.close()
 
 

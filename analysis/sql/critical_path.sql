@@ -39,11 +39,17 @@ WHERE h.blocking OR EXISTS (
   SELECT 1 FROM dev d WHERE d.rank = h.rank AND d.step = h.step AND d.correlation = h.correlation
 );
 
--- The events numbered in lane order (running this file builds it; graph_build drops it).
-CREATE OR REPLACE TEMP TABLE _critical_path_ev AS
-SELECT (row_number() OVER (ORDER BY rank, step, device, stream, is_comm, s, e) - 1)::BIGINT
-         AS eid, *
-FROM _critical_path_events;
+-- The events numbered in lane order (running this file builds it; graph_build drops it): a
+-- table written in that order, numbered by its order (an empty OVER () keeps a table's order:
+-- DuckDB's documented order preservation; its rowid would not do, as rows a transaction has
+-- not committed are numbered from 2^55). A row_number() over the sort keys sorted the events
+-- once more, names and all: 2.1 s instead of 0.9 s on a 1,024-rank job under the ingest's
+-- memory budget.
+CREATE OR REPLACE TEMP TABLE _critical_path_ord AS
+SELECT * FROM _critical_path_events ORDER BY rank, step, device, stream, is_comm, s, e;
+
+CREATE OR REPLACE TEMP VIEW _critical_path_ev AS
+SELECT (row_number() OVER () - 1)::BIGINT AS eid, * FROM _critical_path_ord;
 
 -- Each device event's launch call (same rank, step and correlation id), as event ids.
 CREATE OR REPLACE TEMP VIEW _critical_path_launch AS

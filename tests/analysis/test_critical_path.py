@@ -248,3 +248,33 @@ def test_dense_key_numbers_pairs_in_sorted_order(seed: int) -> None:
     rank_of = {pair: i for i, pair in enumerate(distinct)}
     assert count == len(distinct)
     assert ids.tolist() == [rank_of[p] for p in zip(a.tolist(), b.tolist(), strict=True)]
+
+
+def test_events_are_numbered_in_lane_order(tmp_path: Path, ingest: Ingest) -> None:
+    """critical_path.sql numbers the events 0..n-1 (a table's rowid) in the order of the lane
+    keys, which graph_build reads them in; a numbering read out of order is put back in order."""
+    from ranklens.analysis._sql import apply_sql
+
+    con = _job(tmp_path, ingest, "run")
+    keys = ["rank", "step", "device", "stream", "is_comm", "s", "e"]
+    # in a transaction too (ingest stores its results in one), where DuckDB numbers the rowid
+    # of rows not yet committed from 2^55
+    con.execute("BEGIN TRANSACTION")
+    apply_sql(con, "critical_path")
+    inside = con.execute("SELECT eid FROM _critical_path_ev").fetchnumpy()["eid"]
+    con.execute("ROLLBACK")
+    apply_sql(con, "critical_path")
+    ev = con.execute(f"SELECT eid, {', '.join(keys)} FROM _critical_path_ev").fetchnumpy()
+    gb.drop_inputs(con)
+    n = len(ev["eid"])
+    assert n > 1000 and np.array_equal(ev["eid"], np.arange(n))
+    assert np.array_equal(inside, np.arange(n))
+    rows = list(zip(*(ev[k].tolist() for k in keys), strict=True))
+    assert rows == sorted(rows)
+    shuffled = np.random.default_rng(0).permutation(n)
+    back = gb._in_eid_order({k: np.asarray(v)[shuffled] for k, v in ev.items()})
+    assert sorted(back) == sorted(keys)  # the check's eid column is dropped
+    assert all(np.array_equal(back[k], ev[k]) for k in keys)
+    assert con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name LIKE '_critical_path%'"
+    ).fetchone() == (0,)

@@ -10,6 +10,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from ranklens.analysis import _sql
+from ranklens.analysis.graph_build import drop_inputs
 from ranklens.ingest.run import ingest_traces
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "pp4_1f1b_m8" / "raw"
@@ -61,7 +62,7 @@ def test_a_file_that_builds_a_table_runs_every_time(con: duckdb.DuckDBPyConnecti
     assert not _sql.builds_table("pipeline_steps")
     _sql.apply_sql(con, "critical_path")
     n = con.execute("SELECT count(*) FROM _critical_path_ev").fetchone()
-    con.execute("DROP TABLE temp._critical_path_ev")  # as graph_build does when it is done
+    drop_inputs(con)  # as graph_build does when it is done
     _sql.apply_sql(con, "critical_path")  # built again, from the run as it is now
     assert con.execute("SELECT count(*) FROM _critical_path_ev").fetchone() == n
 
