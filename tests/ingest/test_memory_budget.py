@@ -1,0 +1,53 @@
+"""DuckDB's memory budget during an ingest: a third of the input while the decoding workers
+run, two thirds for the stored results (loader._memory_limit_mb, _results_limit_mb).
+
+Why it matters: with a third, the analyses of a 1,024-rank job spilled their intermediates to
+disk (114 MB) and the stored results took 1.6 s longer; with more while the workers decode,
+the ingest's peak would pass the input's size.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+from ranklens.ingest import loader
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "megatron_tp2_pp2_dp2" / "raw"
+GIB = 2**30
+
+
+def _as_duckdb_shows(mb: int) -> str:
+    """`memory_limit` as DuckDB reports it after SET memory_limit = '<mb>MB'."""
+    con = duckdb.connect()
+    con.execute(f"SET memory_limit = '{mb}MB'")
+    return str(con.execute("SELECT current_setting('memory_limit')").fetchone()[0])
+
+
+@pytest.mark.parametrize("size", [3 * GIB, 1024])
+def test_the_stored_results_get_two_thirds_of_the_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    files = loader.find_traces([SAMPLE])
+    monkeypatch.setattr(loader, "file_size", lambda _f: size)  # every rank file this large
+    seen: dict[str, str] = {}
+    finish = loader.finish_database
+
+    def spy(con: duckdb.DuckDBPyConnection, *args: object) -> None:
+        seen["traces"] = str(con.execute("SELECT current_setting('memory_limit')").fetchone()[0])
+        finish(con, *args)  # type: ignore[arg-type]
+
+    def finalize(con: duckdb.DuckDBPyConnection) -> None:
+        seen["results"] = str(con.execute("SELECT current_setting('memory_limit')").fetchone()[0])
+
+    monkeypatch.setattr(loader, "finish_database", spy)
+    loader.load_traces([SAMPLE], tmp_path / "run.duckdb", workers=1, finalize=finalize)
+    total_mb = len(files) * size // 2**20
+    if size == 1024:  # a small run: the floor, both times
+        assert seen == {"traces": _as_duckdb_shows(256), "results": _as_duckdb_shows(256)}
+    else:
+        assert seen == {
+            "traces": _as_duckdb_shows(total_mb // 3),
+            "results": _as_duckdb_shows(2 * total_mb // 3),
+        }
