@@ -26,7 +26,7 @@ from ranklens.sample_traces.gpu_job import GpuJob, write_job
 from reliability.conftest import write_run
 from reliability.harness import RANKLENS, ok, run, snapshot, unchanged
 
-_HOOK = '''
+_HOOK = """
 import os, pathlib, sys
 _mark = os.environ.get("RANKLENS_TEST_RESULTS_MARK")
 if _mark and sys.argv and sys.argv[0].endswith("ranklens"):
@@ -39,7 +39,7 @@ if _mark and sys.argv and sys.argv[0].endswith("ranklens"):
         while True:
             _real(con, *args, **kw)
     _cp.model = _model
-'''
+"""
 
 
 @pytest.fixture(scope="module")
