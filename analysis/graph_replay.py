@@ -242,7 +242,7 @@ def critical_path(g: Graph, r: Replay, add: I64 | None = None) -> Path:
             k = back[v]
             v = src[k] if k >= 0 else -1
         vs = np.asarray(chain[::-1], dtype=np.int64)
-        rank, node, cat, a, b = _segments(g, val, arg, ad, vs)
+        rank, node, cat, a, b = _segments_of(g, val, arg, ad, vs)
         end_t = int(val[chain[0]])
         if tail[si] > 0:  # the step's tail, on the rank of its last end
             rank, node = np.append(rank, _ranks(g, vs[-1:])), np.append(node, -1)
@@ -264,6 +264,22 @@ def _ranks(g: Graph, vs: I64) -> I64:
     """Each vertex's rank (-1: the join of a collective)."""
     node = g.v_node[vs]
     return np.where(g.v_kind[vs] == V_JOIN, -1, g.n_rank[np.maximum(node, 0)]).astype(np.int64)
+
+
+SEGMENT_BLOCK = 1 << 18  # vertices whose segments are made at once
+
+
+def _segments_of(g: Graph, val: I64, arg: I64, ad: I64, vs: I64) -> tuple[I64, ...]:
+    """_segments of a chain, a block of vertices at a time: each vertex's segments are its
+    own, and made at once those of a path of millions (a capture without step marks is one
+    step) held ~1.5 GB of (vertices x 5) scratch arrays."""
+    if len(vs) <= SEGMENT_BLOCK:
+        return _segments(g, val, arg, ad, vs)
+    parts = [
+        _segments(g, val, arg, ad, vs[i : i + SEGMENT_BLOCK])
+        for i in range(0, len(vs), SEGMENT_BLOCK)
+    ]
+    return tuple(np.concatenate(cols) for cols in zip(*parts, strict=True))
 
 
 def _segments(g: Graph, val: I64, arg: I64, ad: I64, vs: I64) -> tuple[I64, ...]:

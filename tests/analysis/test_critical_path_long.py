@@ -12,6 +12,7 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import pytest
 from ranklens.analysis import critical_path as cp
 from ranklens.ingest import load_traces
 
@@ -57,3 +58,28 @@ def test_every_kernel_of_a_synchronous_loop_is_on_the_path(tmp_path: Path) -> No
     assert (path["start_ns"][1:] == path["end_ns"][:-1]).all()
     assert int(path["dur_ns"].sum()) == step["replayed_step_ns"]
     assert [s.category for s in m.path] == path["category"].to_list()
+
+
+def test_a_long_path_made_a_block_at_a_time_is_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """graph_replay makes a long path's segments a block of vertices at a time (memory): blocks
+    of 97 vertices give the path one block gives."""
+    from ranklens.analysis import graph_replay as gr
+
+    events = []
+    for i in range(N):  # kernels back to back on two streams that wait on each other
+        stream = 7 + i % 2
+        args = {"device": 0, "stream": stream, "correlation": i + 1}
+        events.append({"ph": "X", "cat": "kernel", "name": f"k{i % 5}", "pid": 0, "tid": stream,
+                       "ts": 1000.0 + 5 * i, "dur": 3 + i % 2, "args": args})  # fmt: skip
+    trace = tmp_path / "rank0.json"
+    trace.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 0}}))
+    db = tmp_path / "run.duckdb"
+    load_traces([trace], db, workers=1)
+    with duckdb.connect(str(db), read_only=True) as con:
+        whole = cp.path_table(cp.model(con))
+        monkeypatch.setattr(gr, "SEGMENT_BLOCK", 97)
+        blocks = cp.path_table(cp.model(con))
+    assert whole.height > 3 * 97
+    assert blocks.equals(whole)

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import duckdb
+import polars as pl
 import pytest
 from ranklens.analysis import REGISTRY, results_store
 from ranklens.ingest.run import ingest_traces
@@ -80,3 +81,22 @@ def test_no_results_in_a_plain_run(tmp_path: Path) -> None:
     con = duckdb.connect(str(db), read_only=True)
     assert all(results_store.load(con, m) is None for m in REGISTRY)
     con.close()
+
+
+def test_a_stored_frame_is_checked_a_batch_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """put keeps a frame only if it reads back identical; the check reads it back a batch of
+    rows at a time (memory), and still sees a difference in any batch, the last included, and
+    a frame without rows whose columns differ."""
+    monkeypatch.setattr(results_store, "_CHECK_ROWS", 5)
+    con = duckdb.connect()
+    df = pl.DataFrame({"seq": list(range(23)), "name": [f"k{i % 4}" for i in range(23)]})
+    con.register("f", df)
+    con.execute("CREATE TABLE t AS SELECT * FROM f")
+    assert results_store._reads_back(con, "t", df)
+    con.execute("UPDATE t SET name = 'changed' WHERE seq = 22")  # in the last batch only
+    assert not results_store._reads_back(con, "t", df)
+    con.execute("CREATE TABLE shorter AS SELECT * FROM f WHERE seq < 20")
+    assert not results_store._reads_back(con, "shorter", df)
+    con.execute("CREATE TABLE empty AS SELECT * FROM f LIMIT 0")
+    assert results_store._reads_back(con, "empty", df.clear())
+    assert not results_store._reads_back(con, "empty", df.clear().rename({"name": "other"}))
