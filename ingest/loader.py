@@ -267,7 +267,7 @@ def _small_shards(sharded: bool, files: list[str]) -> list[str]:
 def _memory_limit_mb(files: list[str]) -> int:
     """DuckDB's budget: a third of the input (at least 256 MB), so that with the decoding
     workers the whole ingest stays near the input's size."""
-    return max(256, sum(file_size(f) for f in files) // (3 * 2**20))
+    return _budget_mb(sum(file_size(f) for f in files) // 3)
 
 
 def _results_limit_mb(files: list[str]) -> int:
@@ -275,4 +275,16 @@ def _results_limit_mb(files: list[str]) -> int:
     256 MB). The decoding workers are gone by then, and with a third the analyses spilled
     their intermediates to disk: on a 1,024-rank job (889 MB of traces) 114 MB spilled and
     the stored results took 1.6 s (3.3 CPU-s) longer; the whole ingest's peak stays ~1.5 GB."""
-    return max(256, 2 * sum(file_size(f) for f in files) // (3 * 2**20))
+    return _budget_mb(2 * sum(file_size(f) for f in files) // 3)
+
+
+def _budget_mb(nbytes: int) -> int:
+    """`nbytes` in MB, at least 256 MB and at most half the machine's memory (where it can be
+    read): past it DuckDB would not spill before the system ran out, the graph's arrays and
+    the decoding workers being outside its budget."""
+    mb = max(256, nbytes // 2**20)
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not on this platform
+        return mb
+    return max(256, min(mb, ram // 2 // 2**20))

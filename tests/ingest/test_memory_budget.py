@@ -25,12 +25,14 @@ def _as_duckdb_shows(mb: int) -> str:
     return str(con.execute("SELECT current_setting('memory_limit')").fetchone()[0])
 
 
-@pytest.mark.parametrize("size", [3 * GIB, 1024])
+@pytest.mark.parametrize("size", [GIB, 1024])
 def test_the_stored_results_get_two_thirds_of_the_input(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
     files = loader.find_traces([SAMPLE])
     monkeypatch.setattr(loader, "file_size", lambda _f: size)  # every rank file this large
+    pages = {"SC_PHYS_PAGES": 64 * GIB // 4096, "SC_PAGE_SIZE": 4096}  # on a 64 GiB machine
+    monkeypatch.setattr(loader.os, "sysconf", lambda name: pages[name])
     seen: dict[str, str] = {}
     finish = loader.finish_database
 
@@ -51,3 +53,14 @@ def test_the_stored_results_get_two_thirds_of_the_input(
             "traces": _as_duckdb_shows(total_mb // 3),
             "results": _as_duckdb_shows(2 * total_mb // 3),
         }
+
+
+def test_the_budget_is_at_most_half_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run larger than the machine gets half its memory, not two thirds of the input: past
+    that DuckDB would not spill before the system ran out."""
+    pages = {"SC_PHYS_PAGES": 4 * GIB // 4096, "SC_PAGE_SIZE": 4096}  # a 4 GiB machine
+    monkeypatch.setattr(loader.os, "sysconf", lambda name: pages[name])
+    assert loader._budget_mb(30 * GIB) == 2048
+    assert loader._budget_mb(3 * GIB) == 2048
+    assert loader._budget_mb(GIB) == 1024
+    assert loader._budget_mb(1000) == 256
