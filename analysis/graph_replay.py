@@ -273,8 +273,6 @@ def _segments_of(g: Graph, val: I64, arg: I64, ad: I64, vs: I64) -> tuple[I64, .
     """_segments of a chain, a block of vertices at a time: each vertex's segments are its
     own, and made at once those of a path of millions (a capture without step marks is one
     step) held ~1.5 GB of (vertices x 5) scratch arrays."""
-    if len(vs) <= SEGMENT_BLOCK:
-        return _segments(g, val, arg, ad, vs)
     parts = [
         _segments(g, val, arg, ad, vs[i : i + SEGMENT_BLOCK])
         for i in range(0, len(vs), SEGMENT_BLOCK)

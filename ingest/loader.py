@@ -108,7 +108,7 @@ def load_traces(
         con = duckdb.connect(str(tmp / shards.CATALOG if sharded else tmp))
         con.execute("SET enable_progress_bar = false")
         # Bound the writer's memory; DuckDB spills to a temp dir beside the output instead.
-        con.execute(f"SET memory_limit = '{_memory_limit_mb(files)}MB'")
+        con.execute(f"SET memory_limit = '{_memory_limit_mb(files, thirds=1)}MB'")
         try:
             how = _How(
                 on_error, workers, options, str(tmp) if sharded else None, engine, ray_address
@@ -116,7 +116,7 @@ def load_traces(
             _ingest(con, routed, found, report, how, progress, scratch)
             report.seconds["traces"] = time.perf_counter() - started
             if finalize is not None:
-                con.execute(f"SET memory_limit = '{_results_limit_mb(files)}MB'")
+                con.execute(f"SET memory_limit = '{_memory_limit_mb(files, thirds=2)}MB'")
                 finalize(con)
                 report.seconds["results"] = time.perf_counter() - started - report.seconds["traces"]
             con.execute("CHECKPOINT")
@@ -264,18 +264,14 @@ def _small_shards(sharded: bool, files: list[str]) -> list[str]:
     ]
 
 
-def _memory_limit_mb(files: list[str]) -> int:
-    """DuckDB's budget: a third of the input (at least 256 MB), so that with the decoding
-    workers the whole ingest stays near the input's size."""
-    return _budget_mb(sum(file_size(f) for f in files) // 3)
-
-
-def _results_limit_mb(files: list[str]) -> int:
-    """DuckDB's budget for the stored results (`finalize`): two thirds of the input (at least
-    256 MB). The decoding workers are gone by then, and with a third the analyses spilled
-    their intermediates to disk: on a 1,024-rank job (889 MB of traces) 114 MB spilled and
-    the stored results took 1.6 s (3.3 CPU-s) longer; the whole ingest's peak stays ~1.5 GB."""
-    return _budget_mb(2 * sum(file_size(f) for f in files) // 3)
+def _memory_limit_mb(files: list[str], thirds: int) -> int:
+    """DuckDB's budget, `thirds` thirds of the input (_budget_mb bounds it). While the traces
+    are decoded, a third, so that with the decoding workers the whole ingest stays near the
+    input's size. For the stored results (`finalize`), two: the workers are gone by then, and
+    with a third the analyses spilled their intermediates to disk (a 1,024-rank job, 889 MB of
+    traces: 114 MB spilled, the stored results 1.6 s, 3.3 CPU-s, longer; the whole ingest's
+    peak stays ~1.5 GB)."""
+    return _budget_mb(thirds * sum(file_size(f) for f in files) // 3)
 
 
 def _budget_mb(nbytes: int) -> int:

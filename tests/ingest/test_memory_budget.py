@@ -1,5 +1,5 @@
 """DuckDB's memory budget during an ingest: a third of the input while the decoding workers
-run, two thirds for the stored results (loader._memory_limit_mb, _results_limit_mb).
+run, two thirds for the stored results (loader._memory_limit_mb, _budget_mb).
 
 Why it matters: with a third, the analyses of a 1,024-rank job spilled their intermediates to
 disk (114 MB) and the stored results took 1.6 s longer; with more while the workers decode,
