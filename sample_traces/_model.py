@@ -150,6 +150,7 @@ def run_step(ctx: Ctx, step: int, profiled: bool) -> StepTruth:
     cfg = ctx.cfg
     m, pp = int(cfg["microbatches"]), int(cfg["pp"])
     slow = cfg["slow_rank"] == ctx.rank and float(cfg["slow_ms"]) > 0
+    offcpu_s = float(cfg.get("offcpu_ms", 0.0)) / 1000  # train.py's --offcpu-ms
     truth = StepTruth(step, profiled, time.time_ns(), 0)
     truth.forward_ns = [0] * m
     truth.backward_ns = [0] * m
@@ -172,6 +173,8 @@ def run_step(ctx: Ctx, step: int, profiled: bool) -> StepTruth:
                     y = (y * y).mean()
                 if slow:
                     truth.slow_ns[i] = busy_compute(float(cfg["slow_ms"]))
+                if offcpu_s:
+                    time.sleep(offcpu_s)
             truth.forward_ns[i] = time.perf_counter_ns() - t0
             saved[i] = (x, y)
             if ctx.next_rank is not None:

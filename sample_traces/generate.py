@@ -301,6 +301,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="extra busy compute per micro-batch forward on --slow-rank",
     )
     p.add_argument(
+        "--offcpu-ms",
+        type=float,
+        default=0.0,
+        help="every rank also waits this long off the CPU in each micro-batch forward, as a GPU "
+        "job's CPU waits on its device (train.py only: keeps runs taken on a loaded machine "
+        "comparable)",
+    )
+    p.add_argument(
         "--unnamed-groups", action="store_true", help="create the same groups without group_desc"
     )
     p.add_argument(

@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         "mb_size": args.mb_size,
         "slow_rank": args.slow_rank,
         "slow_ms": args.slow_ms,
+        "offcpu_ms": args.offcpu_ms,
         "unnamed": args.unnamed_groups,
     }
     world = args.tp * args.pp * args.dp

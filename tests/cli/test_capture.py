@@ -150,16 +150,28 @@ def test_capture_slowed_rank_fails_straggler_check(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_baseline_two_real_runs(tmp_path: Path) -> None:
     """Two captures of one configuration: no regression (differences stay within the
-    threshold or the measured step-to-step noise). A run with a rank slowed by 150 ms per
-    forward: a step-time regression, named. (The three runs are taken at once, 12 gloo
-    processes on 2 cores here, so that they share whatever else loads the machine: the
-    threshold and the injected slowdown leave room for the noise that remains.)"""
+    threshold or the measured step-to-step noise). A run with a rank slowed by 300 ms per
+    forward: a step-time regression, named.
+
+    Each forward also waits 150 ms off the CPU (--offcpu-ms), as a GPU job's CPU waits on its
+    device. Why: without it a step is ~1 ms of compute, and on a loaded machine (12 gloo
+    processes on 2 cores, beside whatever else runs) which rank the scheduler starves decides
+    who waits in the all-reduce: CI once saw DP exposed comm +75.6% of step on one rank
+    between two identical runs, a real difference the configuration did not make. Ranks that
+    sleep wake on time under load: with 5 CPU hogs beside the three runs, exposed comm stayed
+    at 1-7% of a ~320 ms step, and the slowed run came out +190% (noise ±29%)."""
     pytest.importorskip("torch", reason="capture needs torch (CI installs torch==2.13.0)")
     base, same, slow = tmp_path / "base", tmp_path / "same", tmp_path / "slow"
-    dp4 = ("--tp", "1", "--pp", "1", "--dp", "4", "--microbatches", "2", "--steps", "6")
+    dp4 = ("--tp", "1", "--pp", "1", "--dp", "4", "--microbatches", "2", "--steps", "6",
+           "--offcpu-ms", "150")  # fmt: skip
     _capture_together(
-        (base, dp4), (same, dp4), (slow, (*dp4, "--slow-rank", "3", "--slow-ms", "150"))
+        (base, dp4), (same, dp4), (slow, (*dp4, "--slow-rank", "3", "--slow-ms", "300"))
     )
+    # The off-CPU wait is in the steps the profiler saw: 2 forwards x 150 ms each.
+    steps = _ranklens("sql", str(base), "SELECT min(window_ns) AS ns FROM breakdown_by_step",
+                      "-f", "csv")  # fmt: skip
+    assert steps.returncode == 0, steps.stderr
+    assert int(steps.stdout.split()[-1]) >= 300_000_000, steps.stdout
     ok = _ranklens(
         "check", str(same), "--baseline", str(base), "--max-regression", "25%", "-f", "json"
     )
