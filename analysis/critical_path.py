@@ -100,6 +100,17 @@ def model(
     return held[0]
 
 
+def pattern_ns(con: duckdb.DuckDBPyConnection, m: Model, pattern: str) -> wi.F64:
+    """Per node of a built model: time of the events matching `pattern`, for a pattern the
+    model was not built with. The events are numbered again by the same SQL as the graph's
+    build (so the same numbering) and dropped after."""
+    apply_sql(con, "critical_path")
+    try:
+        return wi.node_pattern_ns(con, m.graph, pattern)
+    finally:
+        gb.drop_inputs(con)
+
+
 def _names(
     con: duckdb.DuckDBPyConnection, g: gb.Graph, nodes: npt.NDArray[np.int64]
 ) -> pl.DataFrame:

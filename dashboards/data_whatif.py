@@ -17,8 +17,6 @@ import polars as pl
 from ranklens.analysis import critical_path as cp
 from ranklens.analysis import whatif as wi
 from ranklens.analysis import whatif_run
-from ranklens.analysis._sql import apply_sql
-from ranklens.analysis.graph_build import drop_inputs
 from ranklens.analysis.report import stored_scenarios
 from ranklens.dashboards.data import RunData
 from ranklens.ingest.errors import RanklensError
@@ -111,14 +109,11 @@ def _with_patterns(data: RunData, m: cp.Model, patterns: list[str]) -> cp.Model:
 
 
 def _pattern_ns(data: RunData, m: cp.Model, pattern: str) -> wi.F64:
-    """Per node: time of the events matching `pattern`, from the events numbered as the
-    graph was built (the same SQL, so the same numbering)."""
+    """Per node: time of the events matching `pattern` (critical_path.pattern_ns)."""
     cur = data.cursor()
     try:
-        apply_sql(cur, "critical_path")
-        return wi.node_pattern_ns(cur, m.graph, pattern)
+        return cp.pattern_ns(cur, m, pattern)
     finally:
-        drop_inputs(cur)
         cur.close()
 
 
