@@ -1,8 +1,9 @@
-"""Build hook for the optional C accelerator (ranklens.ingest._kscan).
+"""Build hook for the optional C accelerators (ranklens.ingest._kscan, ranklens.analysis._replay).
 
-Why optional: ranklens reads every trace without it (the msgspec reference decoder); the
-scanner only makes large Kineto files decode several times faster. A machine without a C
-compiler still installs ranklens.
+Why optional: ranklens reads every trace without them (the msgspec reference decoder, the
+Python replay loop); the scanner only makes large Kineto files decode several times faster,
+the replay loop a deep graph (a capture without step marks) replay ~50x faster. A machine
+without a C compiler still installs ranklens.
 """
 
 from setuptools import Extension, setup
@@ -15,6 +16,12 @@ setup(
             depends=["ingest/_kscan_json.h", "ingest/_kscan_dict.h", "ingest/_kscan_events.h"],
             extra_compile_args=["-O3", "-fno-fast-math", "-ffp-contract=off"],
             optional=True,
-        )
+        ),
+        Extension(
+            "ranklens.analysis._replay",
+            ["analysis/_replay.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+from ranklens.analysis import replay_c
 from ranklens.analysis.graph_build import (
     E_BLOCK,
     E_SYNC,
@@ -97,7 +98,21 @@ def replay_loop(
     g: Graph, add: I64 | None = None, lag: I64 | None = None, track: bool = False
 ) -> Replay:
     """The same pass as a plain loop over a topological order (what `replay` computes by
-    levels; used when the levels cannot be made, and by the tests as the reference)."""
+    levels; used when the levels cannot be made, and by the tests as the reference). In C
+    when built (replay_c), else, or when a sum leaves int64, in Python (exact)."""
+    lg = g.e_lag if lag is None else lag
+    ad = g.v_add if add is None else add
+    if replay_c.available():
+        got = replay_c.loop(g.order, g.ptr, g.e_src, lg, g.v_base, ad, track)
+        if got is not None:
+            return Replay(*got)
+    return replay_loop_py(g, add, lag, track)
+
+
+def replay_loop_py(
+    g: Graph, add: I64 | None = None, lag: I64 | None = None, track: bool = False
+) -> Replay:
+    """replay_loop in Python, exact in any case (the reference the C loop is tested against)."""
     ptr = g.ptr.tolist()
     src = g.e_src.tolist()
     lg = (g.e_lag if lag is None else lag).tolist()
@@ -229,21 +244,17 @@ def critical_path(g: Graph, r: Replay, add: I64 | None = None) -> Path:
     ad = g.v_add if add is None else add
     ends = np.flatnonzero(np.isin(g.v_kind, (V_NODE, V_END)))
     tail = np.maximum(g.step_w_end - g.step_act_end, 0)
-    src, back = g.e_src.tolist(), arg.tolist()
+    # the Python walk's lists, made once for every step
+    lists = None if replay_c.available() else (g.e_src.tolist(), arg.tolist())
     cols: list[list[I64]] = [[] for _ in range(6)]
     for si, step in enumerate(g.steps.tolist()):
         mine = ends[g.v_step[ends] == step]
         if len(mine) == 0:
             continue
-        v = int(mine[np.argmax(val[mine])])
-        chain: list[int] = []
-        while v >= 0:  # back along the binding in-edges to the step start
-            chain.append(v)
-            k = back[v]
-            v = src[k] if k >= 0 else -1
-        vs = np.asarray(chain[::-1], dtype=np.int64)
+        back = _chain(int(mine[np.argmax(val[mine])]), arg, g.e_src, lists)
+        vs = back[::-1]
         rank, node, cat, a, b = _segments_of(g, val, arg, ad, vs)
-        end_t = int(val[chain[0]])
+        end_t = int(val[back[0]])
         if tail[si] > 0:  # the step's tail, on the rank of its last end
             rank, node = np.append(rank, _ranks(g, vs[-1:])), np.append(node, -1)
             cat = np.append(cat, _CAT["idle"])
@@ -258,6 +269,20 @@ def critical_path(g: Graph, r: Replay, add: I64 | None = None) -> Path:
             col.append(np.asarray(x, dtype=np.int64))
     out = [np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in cols]
     return Path(*out)
+
+
+def _chain(v: int, arg: I64, e_src: I64, lists: tuple[list[int], list[int]] | None) -> I64:
+    """The vertices from v back along the binding in-edges to the step start, v first (in C,
+    else in Python over `lists`: e_src and arg as lists)."""
+    if lists is None:
+        return replay_c.chain(v, arg, e_src)
+    src, back = lists
+    out: list[int] = []
+    while v >= 0:
+        out.append(v)
+        k = back[v]
+        v = src[k] if k >= 0 else -1
+    return np.asarray(out, dtype=np.int64)
 
 
 def _ranks(g: Graph, vs: I64) -> I64:

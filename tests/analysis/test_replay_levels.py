@@ -27,12 +27,14 @@ Ingest = Callable[..., duckdb.DuckDBPyConnection]
 
 
 def _same(g: Graph, add: np.ndarray | None = None, lag: np.ndarray | None = None) -> None:
+    """replay (levels) = replay_loop (the C loop where built) = replay_loop_py (Python)."""
     for track in (False, True):
         fast, loop = gr.replay(g, add, lag, track), gr.replay_loop(g, add, lag, track)
-        assert np.array_equal(fast.value, loop.value)
+        py = gr.replay_loop_py(g, add, lag, track)
+        assert np.array_equal(fast.value, loop.value) and np.array_equal(loop.value, py.value)
         if track:
-            assert fast.arg is not None and loop.arg is not None
-            assert np.array_equal(fast.arg, loop.arg)
+            assert fast.arg is not None and loop.arg is not None and py.arg is not None
+            assert np.array_equal(fast.arg, loop.arg) and np.array_equal(loop.arg, py.arg)
 
 
 def _random_dag(template: Graph, rng: np.random.Generator, n: int, e: int) -> Graph:

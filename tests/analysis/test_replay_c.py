@@ -1,0 +1,201 @@
+"""The replay's C vertex loop and path walk (analysis/_replay.c via replay_c) against their
+Python references, value for value and binding edge for binding edge; and bad input.
+
+Why: every critical path and what-if saving of a capture without step marks stands on the C
+loop, and a C loop that reads out of bounds corrupts silently. CI also runs this file against
+a build with AddressSanitizer and UndefinedBehaviorSanitizer (`.ci/kscan-asan`,
+RANKLENS_REPLAY_SO).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+from types import SimpleNamespace
+from typing import Any, cast
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from ranklens.analysis import graph_replay as gr
+from ranklens.analysis import replay_c
+from ranklens.analysis.graph_build import NEG, Graph
+
+_so = os.environ.get("RANKLENS_REPLAY_SO")
+if _so:  # the sanitizer build replaces the installed one for this file
+    _loader = importlib.machinery.ExtensionFileLoader("ranklens.analysis._replay", _so)
+    _spec = importlib.util.spec_from_file_location(_loader.name, _so, loader=_loader)
+    assert _spec is not None
+    replay_c._c = importlib.util.module_from_spec(_spec)
+    _loader.exec_module(replay_c._c)
+
+I64 = np.ndarray
+
+
+def test_built_where_required() -> None:
+    """CI sets RANKLENS_REQUIRE_KSCAN=1 (both C builds): a broken build must not hide behind
+    the Python loop."""
+    if os.environ.get("RANKLENS_REQUIRE_KSCAN") == "1":
+        assert replay_c.available(), "the C replay loop (ranklens.analysis._replay) is not built"
+    elif not replay_c.available():
+        pytest.skip("C replay loop not built (no compiler at install time)")
+
+
+needs_c = pytest.mark.skipif(replay_c._c is None, reason="C replay loop not built")
+
+
+def _graph(rng: np.random.Generator, n: int, e: int, spread: int = 4) -> Graph:
+    """A DAG on n vertices (edges from earlier to later in a random order), small lags so that
+    ties are common, some bases and lags NEG (no constraint). Only what a replay reads."""
+    order = rng.permutation(n)
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    a, b = rng.integers(0, n, e), rng.integers(0, n, e)
+    keep = a != b
+    a, b = a[keep], b[keep]
+    src, dst = np.where(pos[a] < pos[b], a, b), np.where(pos[a] < pos[b], b, a)
+    by_dst = np.argsort(dst, kind="stable")
+    src, dst = src[by_dst], dst[by_dst]
+    lag = rng.integers(-spread, spread, len(src)).astype(np.int64)
+    lag[rng.random(len(src)) < 0.1] = NEG
+    base = rng.integers(0, 6, n).astype(np.int64)
+    base[rng.random(n) < 0.3] = NEG
+    ns = SimpleNamespace(
+        ptr=np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))]).astype(np.int64),
+        e_src=src.astype(np.int64),
+        e_lag=lag,
+        v_base=base,
+        v_add=rng.integers(0, 4, n).astype(np.int64),
+        order=order.astype(np.int64),
+    )
+    return cast(Graph, ns)
+
+
+def _same(g: Graph, add: I64 | None = None, lag: I64 | None = None) -> None:
+    for track in (False, True):
+        c = replay_c.loop(
+            g.order, g.ptr, g.e_src, g.e_lag if lag is None else lag, g.v_base,
+            g.v_add if add is None else add, track,
+        )  # fmt: skip
+        py = gr.replay_loop_py(g, add, lag, track)
+        assert c is not None
+        assert np.array_equal(c[0], py.value)
+        if track:
+            assert c[1] is not None and py.arg is not None
+            assert np.array_equal(c[1], py.arg)
+        else:
+            assert c[1] is None
+
+
+@needs_c
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 60), st.integers(0, 240), st.integers(0, 2**32 - 1))
+def test_random_dags_replay_the_same(n: int, e: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    g = _graph(rng, n, e)
+    _same(g)
+    add = rng.integers(0, 9, n).astype(np.int64)
+    lag = np.maximum(g.e_lag + rng.integers(-2, 3, len(g.e_lag)), NEG)
+    _same(g, add, lag)
+
+
+@needs_c
+def test_a_large_graph_and_its_paths_are_the_same() -> None:
+    """20 k vertices; every vertex's walk back along its binding edges, C against Python."""
+    rng = np.random.default_rng(3)
+    g = _graph(rng, 20_000, 60_000, spread=50)
+    _same(g)
+    py = gr.replay_loop_py(g, track=True)
+    assert py.arg is not None
+    lists = (g.e_src.tolist(), py.arg.tolist())
+    for v in rng.integers(0, 20_000, 200).tolist():
+        c = gr._chain(v, py.arg, g.e_src, None)
+        assert np.array_equal(c, gr._chain(v, py.arg, g.e_src, lists))
+        assert c[0] == v and len(c) >= 1
+
+
+@needs_c
+def test_an_int64_overflow_runs_the_exact_loop() -> None:
+    """A sum below int64's range is no candidate in Python (it loses to the base); C cannot
+    hold it, says so (None), and replay_loop gives Python's answer."""
+    g = cast(
+        Graph,
+        SimpleNamespace(
+            ptr=np.array([0, 0, 1, 1], dtype=np.int64),
+            e_src=np.array([0], dtype=np.int64),
+            e_lag=np.array([-(2**63) + 1], dtype=np.int64),
+            v_base=np.array([NEG, 7, 0], dtype=np.int64),
+            v_add=np.array([0, 2, 1], dtype=np.int64),
+            order=np.array([0, 1, 2], dtype=np.int64),
+        ),
+    )
+    assert replay_c.loop(g.order, g.ptr, g.e_src, g.e_lag, g.v_base, g.v_add, True) is None
+    got, py = gr.replay_loop(g, track=True), gr.replay_loop_py(g, track=True)
+    assert got.value.tolist() == py.value.tolist() == [NEG, 9, 1]
+    assert got.arg is not None and got.arg.tolist() == [-1, -1, -1]
+
+
+def _call(**over: Any) -> Any:
+    """The C loop on a 3-vertex chain 0 -> 1 -> 2, with some argument replaced."""
+    args = {
+        "order": np.array([0, 1, 2], dtype=np.int64),
+        "ptr": np.array([0, 0, 1, 2], dtype=np.int64),
+        "src": np.array([0, 1], dtype=np.int64),
+        "lag": np.array([1, 1], dtype=np.int64),
+        "base": np.zeros(3, dtype=np.int64),
+        "add": np.ones(3, dtype=np.int64),
+        "val": np.zeros(3, dtype=np.int64),
+        "arg": np.full(3, -1, dtype=np.int64),
+    }
+    args.update(over)
+    return replay_c._c.loop(*args.values())
+
+
+@needs_c
+def test_bad_input_is_refused_not_read() -> None:
+    assert _call() is True
+    i64 = np.int64
+    for over in (
+        {"src": np.array([0, 3], dtype=i64)},  # a source past the last vertex
+        {"src": np.array([0, -2], dtype=i64)},
+        {"order": np.array([0, 1, 3], dtype=i64)},
+        {"order": np.array([-1, 1, 2], dtype=i64)},
+        {"ptr": np.array([0, 0, 1, 5], dtype=i64)},  # past the edges
+        {"ptr": np.array([0, 1, 0, 2], dtype=i64)},  # decreasing
+        {"ptr": np.array([0, 0, 1], dtype=i64)},  # too short
+        {"lag": np.array([1], dtype=i64)},
+        {"val": np.zeros(2, dtype=i64)},
+        {"arg": np.zeros(4, dtype=i64)},
+    ):
+        with pytest.raises(ValueError):
+            _call(**over)
+    for over in (
+        {"lag": np.array([1.0, 1.0])},  # not int64
+        {"src": np.array([0, 1], dtype=np.int32)},
+        {"val": np.zeros(6, dtype=i64)[::2]},  # not contiguous
+        {"val": np.frombuffer(bytes(24), dtype=i64)},  # read-only
+    ):
+        with pytest.raises((TypeError, ValueError, BufferError)):
+            _call(**over)
+
+
+@needs_c
+def test_a_walk_refuses_a_loop_and_bad_indices() -> None:
+    src = np.array([1, 0], dtype=np.int64)
+    out = np.empty(2, dtype=np.int64)
+    with pytest.raises(ValueError):  # 0 <- 1 <- 0 <- ...: a cycle
+        replay_c._c.chain(0, np.array([0, 1], dtype=np.int64), src, out)
+    with pytest.raises(ValueError):
+        replay_c._c.chain(5, np.array([-1, -1], dtype=np.int64), src, out)
+    with pytest.raises(ValueError):  # an edge past the last
+        replay_c._c.chain(0, np.array([2, -1], dtype=np.int64), src, out)
+    # vertex 1 bound by edge 1 (from vertex 0), vertex 0 a start: 1, then 0
+    assert replay_c._c.chain(1, np.array([-1, 1], dtype=np.int64), src, out) == 2
+    assert out.tolist() == [1, 0]
+
+
+def test_pure_python_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANKLENS_PURE_PYTHON", "1")
+    assert not replay_c.available()
