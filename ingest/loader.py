@@ -116,7 +116,8 @@ def load_traces(
             _ingest(con, routed, found, report, how, progress, scratch)
             report.seconds["traces"] = time.perf_counter() - started
             if finalize is not None:
-                con.execute(f"SET memory_limit = '{_memory_limit_mb(files, thirds=2)}MB'")
+                budget = _memory_limit_mb(files, thirds=2, events=report.n_events)
+                con.execute(f"SET memory_limit = '{budget}MB'")
                 finalize(con)
                 report.seconds["results"] = time.perf_counter() - started - report.seconds["traces"]
             con.execute("CHECKPOINT")
@@ -264,14 +265,23 @@ def _small_shards(sharded: bool, files: list[str]) -> list[str]:
     ]
 
 
-def _memory_limit_mb(files: list[str], thirds: int) -> int:
+# The stored results' working set per event (the held activity islands, the joins over them):
+# 155 B/event did not spill on a 1,024-rank job (593 MB for 3.83 M events).
+RESULTS_BYTES_PER_EVENT = 160
+
+
+def _memory_limit_mb(files: list[str], thirds: int, events: int = 0) -> int:
     """DuckDB's budget, `thirds` thirds of the input (_budget_mb bounds it). While the traces
     are decoded, a third, so that with the decoding workers the whole ingest stays near the
     input's size. For the stored results (`finalize`), two: the workers are gone by then, and
     with a third the analyses spilled their intermediates to disk (a 1,024-rank job, 889 MB of
     traces: 114 MB spilled, the stored results 1.6 s, 3.3 CPU-s, longer; the whole ingest's
-    peak stays ~1.5 GB)."""
-    return _budget_mb(thirds * sum(file_size(f) for f in files) // 3)
+    peak stays ~1.5 GB); and at least RESULTS_BYTES_PER_EVENT per event (`events`), since what
+    the analyses hold grows with the events, not with the bytes that held them: an Nsight
+    export packs ~100 B a kernel, Kineto JSON ~300 (a 5 M-kernel export's 478 MB gave 318 MB,
+    and overlap, contention and stragglers took 17.8 s there against 12.0 s with 775 MB)."""
+    size = thirds * sum(file_size(f) for f in files) // 3
+    return _budget_mb(max(size, RESULTS_BYTES_PER_EVENT * events))
 
 
 def _budget_mb(nbytes: int) -> int:

@@ -64,3 +64,24 @@ def test_the_budget_is_at_most_half_the_machine(monkeypatch: pytest.MonkeyPatch)
     assert loader._budget_mb(3 * GIB) == 2048
     assert loader._budget_mb(GIB) == 1024
     assert loader._budget_mb(1000) == 256
+
+
+def test_the_stored_results_get_room_for_every_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An input dense in events (an Nsight export packs ~100 B a kernel) gets at least
+    RESULTS_BYTES_PER_EVENT per event for its stored results, whatever its bytes: here tiny
+    files and 1 MB an event, so the budget is the events' count in MB."""
+    monkeypatch.setattr(loader, "file_size", lambda _f: 1024)
+    monkeypatch.setattr(loader, "RESULTS_BYTES_PER_EVENT", 2**20)
+    pages = {"SC_PHYS_PAGES": 64 * GIB // 4096, "SC_PAGE_SIZE": 4096}
+    monkeypatch.setattr(loader.os, "sysconf", lambda name: pages[name])
+    seen: dict[str, str] = {}
+
+    def finalize(con: duckdb.DuckDBPyConnection) -> None:
+        seen["results"] = str(con.execute("SELECT current_setting('memory_limit')").fetchone()[0])
+        seen["events"] = str(con.execute("SELECT count(*) FROM events").fetchone()[0])
+
+    report = loader.load_traces([SAMPLE], tmp_path / "run.duckdb", workers=1, finalize=finalize)
+    assert report.n_events == int(seen["events"]) > 256  # past the floor, so it is the events'
+    assert seen["results"] == _as_duckdb_shows(report.n_events)
