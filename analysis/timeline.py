@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import duckdb
 import polars as pl
 from ranklens.analysis import timeline_overlays as ovl
+from ranklens.analysis import timeline_sweep as sweep
 from ranklens.analysis._sql import apply_sql, query_pl
 
 Params = dict[str, object]
@@ -81,42 +82,18 @@ SELECT rank, stream, kind, parallelism, bucket, $start + bucket * $w AS s,
 FROM (SELECT * FROM one UNION ALL SELECT * FROM many)
 GROUP BY ALL ORDER BY rank, stream, bucket, kind"""
 
-# Algorithm: per rank and class, +1/-1 at each start/end; a class is active while its running
-# count is > 0; its 0<->active transitions add/remove its bit; the running sum of those is the
-# set of active classes (mask) on [x, next x). Equal-label neighbours are then merged.
-_SEGMENTS = f"""WITH ev AS ({_EVENTS}),
-iv AS (SELECT rank, greatest(s, $start) AS s, least(e, $end) AS e,
-              CASE WHEN kind = 'compute' THEN 1
-                   WHEN kind = 'comm' AND parallelism = 'PP' THEN 4
-                   WHEN kind = 'comm' THEN 2 ELSE 8 END AS bit
-       FROM ev),
-p AS (SELECT rank, bit, s AS x, 1 AS d FROM iv WHERE e > s
-      UNION ALL SELECT rank, bit, e AS x, -1 AS d FROM iv WHERE e > s),
-q AS (SELECT rank, bit, x, sum(d) AS d FROM p GROUP BY ALL),
-c AS (SELECT rank, bit, x, sum(d) OVER (PARTITION BY rank, bit ORDER BY x) AS cnt FROM q),
-t AS (SELECT rank, bit, x, cnt,
-             coalesce(lag(cnt) OVER (PARTITION BY rank, bit ORDER BY x), 0) AS prev FROM c),
-m AS (SELECT rank, x, sum(CASE WHEN prev = 0 AND cnt > 0 THEN bit
-                               WHEN prev > 0 AND cnt = 0 THEN -bit ELSE 0 END) AS d
-      FROM t GROUP BY rank, x),
-seg AS (SELECT rank, x AS s, lead(x) OVER (PARTITION BY rank ORDER BY x) AS e,
-               sum(d) OVER (PARTITION BY rank ORDER BY x) AS mask FROM m),
-lab AS (SELECT rank, s, e,
-               CASE WHEN mask & 1 = 0 AND mask & 6 <> 0 THEN 'exposed' END AS a,
-               CASE WHEN mask & 11 = 0 THEN 'idle' END AS b
-        FROM seg WHERE e IS NOT NULL AND e > s),
-one AS (SELECT rank, s, e, a AS label FROM lab WHERE a IS NOT NULL
-        UNION ALL SELECT rank, s, e, b FROM lab WHERE b IS NOT NULL),
-isl AS (SELECT *, sum(CASE WHEN s = prev_e THEN 0 ELSE 1 END)
-                    OVER (PARTITION BY rank, label ORDER BY s) AS island
-        FROM (SELECT *, lag(e) OVER (PARTITION BY rank, label ORDER BY s) AS prev_e FROM one))
-SELECT rank, label, min(s) AS s, max(e) AS e FROM isl GROUP BY rank, label, island
-HAVING max(e) - min(s) >= $min_ns ORDER BY rank, s"""
-# The same segments packed per bucket, for aggregated windows (analysis.timeline_overlays).
-_PACKED = ovl.packed_sql(_SEGMENTS)
+# The window's device activity, clipped to it, by class (`bit`: 1 compute, 2 comm, 4 PP comm,
+# 8 memory), for the exposed/idle sweep (timeline_sweep, in numpy: as five window functions
+# here it took 9-11 s on a one-step capture of 5 M kernels).
+_IV = f"""WITH ev AS ({_EVENTS})
+SELECT rank, greatest(s, $start) AS s, least(e, $end) AS e,
+       CASE WHEN kind = 'compute' THEN 1
+            WHEN kind = 'comm' AND parallelism = 'PP' THEN 4
+            WHEN kind = 'comm' THEN 2 ELSE 8 END AS bit
+FROM ev WHERE least(e, $end) > greatest(s, $start)"""
 
 # An event's exposed time is its time in the window that no compute of its rank covers (what
-# _SEGMENTS labels exposed, for a comm event): the window's compute of the candidates' ranks
+# timeline_sweep labels exposed, for a comm event): the window's compute of the candidates' ranks
 # unioned into islands, and each candidate's covered part from them, by the shared interval
 # macros (intervals.sql: interval_union_sorted, interval_prefix, interval_inside).
 _EXPOSED = f"""WITH ev AS ({_EVENTS}),
@@ -234,9 +211,9 @@ def overview(con: duckdb.DuckDBPyConnection, ext: Extent, n_buckets: int = 4096)
     """The run's busy time per (rank, stream, kind, parallelism) in `n_buckets` buckets."""
     start, end = ext.t0_ns, max(ext.t1_ns, ext.t0_ns + 1)
     width = max(1, -(-(end - start) // n_buckets))
-    p = {**_params(ext, start, end, None), "w": width}
-    segs = ovl.islands(_query(con, _PACKED, {**p, "min_ns": 0}))
-    return Overview(start, end, width, _query(con, _BUCKETS, p), segs)
+    p = _params(ext, start, end, None)
+    segs = ovl.islands(sweep.packed(_query(con, _IV, p), start, end, width))
+    return Overview(start, end, width, _query(con, _BUCKETS, {**p, "w": width}), segs)
 
 
 def window(
@@ -265,7 +242,7 @@ def window(
     events = _query(con, _DRAWN + f"\nLIMIT {int(max_events) + 1}", p)
     min_ns = int((end_ns - start_ns) * min_segment_frac)
     if events.height <= max_events:
-        segs = _query(con, _SEGMENTS, {**p, "min_ns": min_ns})
+        segs = sweep.segments(_query(con, _IV, p), min_ns)
         lanes = events.select("rank", "stream").unique().height
         ev = events.sort("rank", "stream", "s")
         return Window(start_ns, end_ns, "events", ev, pl.DataFrame(), 0, segs, lanes)
@@ -293,7 +270,7 @@ def window(
         packed = ovl.rebucket(packed, start_ns, end_ns, width)
     else:
         buckets = _query(con, _BUCKETS, {**p, "w": width})
-        packed = _query(con, _PACKED, {**p, "w": width, "min_ns": 0})
+        packed = sweep.packed(_query(con, _IV, p), start_ns, end_ns, width)
     segs = ovl.islands(packed, min_ns)
     empty = events.clear()
     return Window(start_ns, end_ns, "buckets", empty, buckets, width, segs, n_lanes)

@@ -7,9 +7,9 @@ labelled time in it (never past the bucket's end); touching intervals are then m
 isolated stretch (one exposed all-reduce, one bubble) is so drawn exactly where it lies;
 several in one bucket are drawn together, their total kept: the error is within one bucket.
 
-The packing is done twice: in SQL over the exposed/idle segments of raw events (a window, or
-the whole run once, analysis.timeline.overview), and here in polars to re-bucket the run's
-packed rows for a zoomed-out window, as the busy-time buckets are.
+`rebucket` packs the exposed/idle segments of raw events (timeline_sweep: a window, or the
+whole run once, analysis.timeline.overview), and re-buckets the run's packed rows for a
+zoomed-out window, as the busy-time buckets are.
 """
 
 from __future__ import annotations
@@ -27,19 +27,6 @@ SCHEMA: dict[str, pl.DataType] = {
 def empty() -> pl.DataFrame:
     """No overlay: the columns of a window's segments (rank, label, s, e)."""
     return pl.DataFrame(schema=SCHEMA)
-
-
-def packed_sql(segments_sql: str) -> str:
-    """SQL packing the rows of `segments_sql` (rank, label, s, e, clipped to [$start, $end))
-    into buckets of $w ns from $start: one interval per (rank, label, bucket)."""
-    return f"""WITH sg AS ({segments_sql}),
-b AS (SELECT rank, label, s, e,
-             unnest(range((s - $start) // $w, (e - 1 - $start) // $w + 1)) AS bucket
-      FROM sg WHERE e > s),
-c AS (SELECT rank, label, bucket, greatest(s, $start + bucket * $w) AS s,
-             least(e, $start + (bucket + 1) * $w) AS e FROM b)
-SELECT rank::BIGINT AS rank, label, min(s)::BIGINT AS s, (min(s) + sum(e - s))::BIGINT AS e
-FROM c GROUP BY rank, label, bucket ORDER BY rank, label, s"""
 
 
 def rebucket(seg: pl.DataFrame, start: int, end: int, width: int) -> pl.DataFrame:
