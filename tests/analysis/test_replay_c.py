@@ -23,6 +23,8 @@ from ranklens.analysis import graph_replay as gr
 from ranklens.analysis import replay_c
 from ranklens.analysis.graph_build import NEG, Graph
 
+from tests import random_dag
+
 _so = os.environ.get("RANKLENS_REPLAY_SO")
 if _so:  # the sanitizer build replaces the installed one for this file
     _loader = importlib.machinery.ExtensionFileLoader("ranklens.analysis._replay", _so)
@@ -46,31 +48,9 @@ def test_built_where_required() -> None:
 needs_c = pytest.mark.skipif(replay_c._c is None, reason="C replay loop not built")
 
 
-def _graph(rng: np.random.Generator, n: int, e: int, spread: int = 4) -> Graph:
-    """A DAG on n vertices (edges from earlier to later in a random order), small lags so that
-    ties are common, some bases and lags NEG (no constraint). Only what a replay reads."""
-    order = rng.permutation(n)
-    pos = np.empty(n, dtype=np.int64)
-    pos[order] = np.arange(n)
-    a, b = rng.integers(0, n, e), rng.integers(0, n, e)
-    keep = a != b
-    a, b = a[keep], b[keep]
-    src, dst = np.where(pos[a] < pos[b], a, b), np.where(pos[a] < pos[b], b, a)
-    by_dst = np.argsort(dst, kind="stable")
-    src, dst = src[by_dst], dst[by_dst]
-    lag = rng.integers(-spread, spread, len(src)).astype(np.int64)
-    lag[rng.random(len(src)) < 0.1] = NEG
-    base = rng.integers(0, 6, n).astype(np.int64)
-    base[rng.random(n) < 0.3] = NEG
-    ns = SimpleNamespace(
-        ptr=np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))]).astype(np.int64),
-        e_src=src.astype(np.int64),
-        e_lag=lag,
-        v_base=base,
-        v_add=rng.integers(0, 4, n).astype(np.int64),
-        order=order.astype(np.int64),
-    )
-    return cast(Graph, ns)
+def _graph(rng: np.random.Generator, n: int, e: int, spread: int = 3) -> Graph:
+    """tests/random_dag.py's DAG, with only what a replay reads."""
+    return cast(Graph, SimpleNamespace(**random_dag.arrays(rng, n, e, spread)))
 
 
 def _same(g: Graph, add: I64 | None = None, lag: I64 | None = None) -> None:

@@ -22,6 +22,8 @@ from ranklens.analysis import whatif as wi
 from ranklens.analysis.graph_build import NEG, Graph
 from ranklens.sample_traces.gpu_job import GpuJob, write_job
 
+from tests import random_dag
+
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 Ingest = Callable[..., duckdb.DuckDBPyConnection]
 
@@ -38,32 +40,8 @@ def _same(g: Graph, add: np.ndarray | None = None, lag: np.ndarray | None = None
 
 
 def _random_dag(template: Graph, rng: np.random.Generator, n: int, e: int) -> Graph:
-    """A DAG on n vertices (edges from earlier to later in a random order), lags from small
-    ranges so that ties are common, some bases and lags NEG (no constraint)."""
-    order = rng.permutation(n)
-    pos = np.empty(n, dtype=np.int64)
-    pos[order] = np.arange(n)
-    a, b = rng.integers(0, n, e), rng.integers(0, n, e)
-    keep = a != b
-    a, b = a[keep], b[keep]
-    src = np.where(pos[a] < pos[b], a, b)
-    dst = np.where(pos[a] < pos[b], b, a)
-    by_dst = np.argsort(dst, kind="stable")
-    src, dst = src[by_dst], dst[by_dst]
-    lag = rng.integers(-3, 4, len(src)).astype(np.int64)
-    lag[rng.random(len(src)) < 0.1] = NEG
-    base = rng.integers(0, 6, n).astype(np.int64)
-    base[rng.random(n) < 0.3] = NEG
-    return dataclasses.replace(
-        template,
-        ptr=np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))]).astype(np.int64),
-        e_src=src.astype(np.int64),
-        e_lag=lag,
-        v_base=base,
-        v_add=rng.integers(0, 4, n).astype(np.int64),
-        order=order.astype(np.int64),
-        levels=None,
-    )
+    """tests/random_dag.py's DAG in the shape of a real graph (template's other fields)."""
+    return dataclasses.replace(template, **random_dag.arrays(rng, n, e), levels=None)
 
 
 @pytest.fixture(scope="module")
