@@ -56,7 +56,9 @@ def labelled(iv: pl.DataFrame) -> pl.DataFrame:
 
 
 def _merged(rk: I64, s: I64, e: I64) -> tuple[I64, I64, I64]:
-    """Stretches of one label, sorted by (rank, s), with touching ones of a rank merged."""
+    """Stretches of one label, sorted by (rank, s), with touching ones of a rank merged: what
+    timeline_overlays.islands does for any frame, here on arrays already in order (islands'
+    polars sort took 3.1 s on the 4.5 M stretches of a one-step 5 M-kernel capture)."""
     if not len(rk):
         return rk, s, e
     new = np.concatenate([[True], (rk[1:] != rk[:-1]) | (s[1:] != e[:-1])])

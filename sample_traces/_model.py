@@ -150,7 +150,7 @@ def run_step(ctx: Ctx, step: int, profiled: bool) -> StepTruth:
     cfg = ctx.cfg
     m, pp = int(cfg["microbatches"]), int(cfg["pp"])
     slow = cfg["slow_rank"] == ctx.rank and float(cfg["slow_ms"]) > 0
-    offcpu_s = float(cfg.get("offcpu_ms", 0.0)) / 1000  # train.py's --offcpu-ms
+    offcpu_s = float(cfg["offcpu_ms"]) / 1000
     truth = StepTruth(step, profiled, time.time_ns(), 0)
     truth.forward_ns = [0] * m
     truth.backward_ns = [0] * m

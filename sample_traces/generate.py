@@ -171,6 +171,7 @@ def generate(
     mb_size: int = 16,
     slow_rank: int | None = None,
     slow_ms: float = 0.0,
+    offcpu_ms: float = 0.0,
     unnamed: bool = False,
     raw: bool = False,
     command: str | None = None,
@@ -205,6 +206,7 @@ def generate(
         "mb_size": mb_size,
         "slow_rank": slow_rank,
         "slow_ms": slow_ms if slow_rank is not None else 0.0,
+        "offcpu_ms": offcpu_ms,
         "unnamed": unnamed,
     }
     layout = group_layout(tp, pp, dp)
@@ -305,8 +307,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.0,
         help="every rank also waits this long off the CPU in each micro-batch forward, as a GPU "
-        "job's CPU waits on its device (train.py only: keeps runs taken on a loaded machine "
-        "comparable)",
+        "job's CPU waits on its device (keeps runs taken on a loaded machine comparable)",
     )
     p.add_argument(
         "--unnamed-groups", action="store_true", help="create the same groups without group_desc"
@@ -338,6 +339,7 @@ def run(argv: list[str], readme_for: str | None = None, recorded: list[str] | No
         mb_size=a.mb_size,
         slow_rank=a.slow_rank,
         slow_ms=a.slow_ms,
+        offcpu_ms=a.offcpu_ms,
         unnamed=a.unnamed_groups,
         raw=a.raw,
         command="python sample_traces/generate.py " + shlex.join(recorded or argv),
