@@ -9,6 +9,7 @@ their shards there; only the small results travel back).
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -21,6 +22,11 @@ from ranklens.ingest.rank_task import RankResult, read_file
 from ranklens.ingest.tempfiles import sweep_abandoned
 
 ENGINES = ("local", "ray")
+# A Ray instance started for one ingest: no dashboard (one more process, and a port opened for
+# nothing), and none of Ray's INFO and WARNING lines among the CLI's output (a timestamped
+# "Token authentication is enabled ..." and "Started a local Ray instance." on every run; its
+# errors still show).
+_LOCAL_RAY: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.ERROR}
 
 Task = tuple[str, str, int]  # (format, path, trace id)
 H = TypeVar("H")  # an executor's handle on a running task
@@ -105,8 +111,10 @@ def _ray(
     started = not ray.is_initialized()
     if started:
         kwargs: dict[str, Any] = {"address": address, "log_to_driver": False}
-        if address is None:
-            kwargs["num_cpus"] = workers
+        if address is None:  # a local instance for this ingest alone
+            kwargs.update(_LOCAL_RAY, num_cpus=workers)
+        else:
+            kwargs["logging_level"] = logging.WARNING  # not Ray's "Connected to ..." lines
         try:
             ray.init(**kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:

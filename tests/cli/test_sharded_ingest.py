@@ -11,11 +11,13 @@ the storage compared tables of `load_traces` without stored results, and missed 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import duckdb
+import pytest
 from ranklens.analysis.report import stored_report
 from ranklens.ingest import shards
 
@@ -50,5 +52,27 @@ def test_sharded_ingest_stores_the_results_of_the_one_file_run(tmp_path: Path) -
     reports = [
         json.loads(_run(elsewhere, "report", str(run), "--format", "json").stdout)
         for run in (one, sharded)
+    ]
+    assert reports[0]["findings"] and reports[0]["findings"] == reports[1]["findings"]
+
+
+def test_engine_ray_as_a_user_runs_it(tmp_path: Path) -> None:
+    """`--engine ray` without an address: ranklens starts a local Ray instance of its own (the
+    other Ray test starts it itself) and gives the one-file run's report; the output is
+    ranklens' own, without Ray's timestamped log lines among it."""
+    pytest.importorskip("ray", reason="Ray is part of the dev extra (CI installs it)")
+    one, ray_run = tmp_path / "one.duckdb", tmp_path / "ray"
+    _run(tmp_path, "ingest", str(SAMPLE), "-o", str(one))
+    said = _run(
+        tmp_path, "ingest", str(SAMPLE), "-o", str(ray_run), "--engine", "ray", "--workers", "2"
+    )
+    lines = (said.stdout + said.stderr).splitlines()
+    assert lines and lines[0].startswith("ingested 8 rank(s)"), lines
+    ray_lines = [ln for ln in lines if re.search(r"\b(INFO|WARNING)\b|Ray instance", ln)]
+    assert ray_lines == []
+    assert list((ray_run / "events").glob("rank=*/*.parquet"))  # the tasks wrote the shards
+    reports = [
+        json.loads(_run(tmp_path, "report", str(run), "--format", "json").stdout)
+        for run in (one, ray_run)
     ]
     assert reports[0]["findings"] and reports[0]["findings"] == reports[1]["findings"]
