@@ -128,6 +128,9 @@ def _ray(
         try:
             return ray.get(ref)  # type: ignore[no-any-return]
         except ray.exceptions.RayError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, RanklensError):  # the task's own (ShardWriteFailed), as is
+                raise cause from None
             first = (str(exc).strip().splitlines() or ["?"])[-1][:200]
             raise RanklensError(
                 f"a Ray task died while reading a trace ({first})",

@@ -42,6 +42,12 @@ class MixedFormatsError(RanklensError):
     """One run holds files of several formats (Kineto traces and Nsight reports)."""
 
 
+class ShardWriteFailed(RanklensError):
+    """A rank's shard could not be written, or is not where the run's writer reads it: the
+    storage's fault, not the file's, so the ingest stops whatever --skip-bad says (skipping
+    would drop rank after rank, each for the same reason)."""
+
+
 class WorkerDied(RanklensError):
     """A worker process died (killed: out of memory, most likely); its pool is unusable."""
 

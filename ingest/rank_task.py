@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from ranklens.ingest import kineto, shards, staging, step_assign
 from ranklens.ingest._model import rank_from_name
-from ranklens.ingest.errors import RanklensError
+from ranklens.ingest.errors import RanklensError, ShardWriteFailed
 from ranklens.ingest.sanity import check_times
 from ranklens.ingest.sink import file_error, file_size, require_rank, with_rank
 from ranklens.ingest.tempfiles import private_dir
@@ -41,13 +41,15 @@ class RankResult:
     warnings: list[str] = field(default_factory=list)
     windows: list[step_assign.Window] = field(default_factory=list)
     comm: pa.Table | None = None  # the rank's communication rows, with their steps
+    parts: list[tuple[str, int]] = field(default_factory=list)  # its shards: path, bytes
     n_events: int = 0
     error: RanklensError | None = None
 
 
 def read_file(fmt: str, path: str, trace_id: int, run_dir: str) -> list[RankResult]:
     """Every rank of one file, its shards written under `run_dir`; a bad file gives one result
-    holding the error (and no shard). Errors of the machine (memory, disk) are raised."""
+    holding the error (and no shard). Errors of the machine (memory, disk) and of the storage
+    (ShardWriteFailed) are raised."""
     # A private directory: a worker killed mid-task (SIGKILL) leaves it unlocked, and the
     # ingest that saw the worker die, or any later run, removes it.
     with private_dir("task") as scratch:
@@ -55,6 +57,8 @@ def read_file(fmt: str, path: str, trace_id: int, run_dir: str) -> list[RankResu
             return list(_read(fmt, path, trace_id, run_dir, str(scratch)))
         except Exception as exc:
             shards.remove_parts(run_dir, trace_id)
+            if isinstance(exc, ShardWriteFailed):
+                raise
             return [RankResult(trace_id, path, fmt, file_size(path), error=file_error(path, exc))]
 
 
@@ -118,7 +122,7 @@ def _write(res: RankResult, tables: Iterator[pa.Table], run_dir: str) -> None:
         del t
     assert res.rank is not None
     if not staged:  # a rank with no events still has a (empty) shard: the view needs one
-        shards.write_part(run_dir, res.rank, res.trace_id, 0, pa.table({}))
+        res.parts.append(shards.write_part(run_dir, res.rank, res.trace_id, 0, pa.table({})))
         return
     step, res.windows = step_assign.assign(
         staging.step_table(staged), bool(res.info.get("has_gpu"))
@@ -132,6 +136,7 @@ def _write(res: RankResult, tables: Iterator[pa.Table], run_dir: str) -> None:
         at += piece.num_rows
         mask = shards.comm_mask(piece, all_corr, all_ext)
         comm.append(piece.filter(mask))
-        shards.write_part(run_dir, res.rank, res.trace_id, i, piece.filter(pc.invert(mask)))
+        rows = piece.filter(pc.invert(mask))
+        res.parts.append(shards.write_part(run_dir, res.rank, res.trace_id, i, rows))
         del piece
     res.comm = pa.concat_tables(staging.same_types(comm), promote_options="permissive")

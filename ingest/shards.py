@@ -17,6 +17,7 @@ nothing else on the file system.
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import duckdb
@@ -24,7 +25,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from ranklens.ingest.errors import ShardWriteFailed
 from ranklens.ingest.schema import EVENTS_PLAIN, EVENTS_RICH, TABLE_BY_NAME
+
+_SHARED_HINT = (
+    "with --engine ray the output (-o) must be on storage every node mounts at the same path "
+    "(NFS, Lustre, a mounted bucket): each node writes the shards of the ranks it reads there"
+)
 
 CATALOG = "catalog.duckdb"
 EVENTS_DIR = "events"
@@ -128,15 +135,53 @@ def part_dir(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / EVENTS_DIR / f"rank={rank}"
 
 
-def write_part(run_dir: str, rank: int, trace_id: int, index: int, rows: pa.Table) -> str:
+def write_part(
+    run_dir: str, rank: int, trace_id: int, index: int, rows: pa.Table
+) -> tuple[str, int]:
     """Write one piece of a rank's non-communication events (without the `rank` column: the
-    directory says it); returns its path relative to the run directory."""
+    directory says it); returns its path relative to the run directory and its size in bytes
+    (what the run's writer checks it sees: check_parts). Never creates the run directory: a
+    task on a machine that does not see it says so (ShardWriteFailed) instead of writing the
+    rank's events where the run will never read them."""
+    body = _plain(rows.drop_columns([c for c in ("rank",) if c in rows.column_names]))
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise ShardWriteFailed(
+            f"cannot write the events of rank {rank}: the run directory {run} does not exist "
+            f"on {socket.gethostname()}",
+            _SHARED_HINT,
+        )
     d = part_dir(run_dir, rank)
-    d.mkdir(parents=True, exist_ok=True)
     name = f"t{trace_id}-{index}.parquet"
-    body = rows.drop_columns([c for c in ("rank",) if c in rows.column_names])
-    pq.write_table(_plain(body), d / name, compression=_COMPRESSION)
-    return f"{EVENTS_DIR}/rank={rank}/{name}"
+    try:
+        d.mkdir(parents=True, exist_ok=True)  # events/ and rank=N/, inside the run
+        pq.write_table(body, d / name, compression=_COMPRESSION)
+        size = (d / name).stat().st_size
+    except OSError as exc:  # full, read-only, permissions: the storage's, not the trace's
+        raise ShardWriteFailed(
+            f"cannot write {d / name} (the events of rank {rank}): {exc.strerror or exc}",
+            "check the free space and permissions of the output's file system; nothing of "
+            "this run is kept",
+        ) from exc
+    return f"{EVENTS_DIR}/rank={rank}/{name}", size
+
+
+def check_parts(run_dir: str | os.PathLike[str], rank: int, parts: list[tuple[str, int]]) -> None:
+    """What the run's writer does with a task's result: every shard the task wrote (path, bytes)
+    is here, whole. A task on a machine whose output directory is not this one's (not shared
+    storage) wrote them elsewhere, and the run would lack that rank's events."""
+    for rel, size in parts:
+        try:
+            seen: int | None = Path(run_dir, rel).stat().st_size
+        except OSError:
+            seen = None
+        if seen != size:
+            got = "it is not there" if seen is None else f"{seen:,} of its {size:,} bytes are"
+            raise ShardWriteFailed(
+                f"the shard {rel} of rank {rank} was written by the task that read its trace, "
+                f"but in the run directory {run_dir} on {socket.gethostname()} {got}",
+                _SHARED_HINT,
+            )
 
 
 def _plain(t: pa.Table) -> pa.Table:

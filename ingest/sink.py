@@ -281,6 +281,8 @@ class Sink:
             self._failed.add(res.trace_id)
             self.fail(res.trace_id, res.path, err, res.size)
             return
+        assert self.run_dir is not None  # a sharded ingest's
+        shards.check_parts(self.run_dir, rank, res.parts)  # raised: not this file's fault
         if res.comm is not None and res.comm.num_rows:
             with event_store.transaction(self.con):
                 insert_events(self.con, res.comm)
