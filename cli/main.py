@@ -28,6 +28,7 @@ from ranklens.cli.app import (
     SourceArg,
     app,
     err,
+    fail,
     internal_error,
     open_options,
     out,
@@ -37,6 +38,7 @@ from ranklens.cli.app import (
 )
 from ranklens.ingest import RanklensError
 from ranklens.ingest.engines import ENGINES
+from ranklens.ingest.errors import storage_error
 from ranklens.ingest.lifecycle import (
     EXIT_TERMINATED,
     handle_sigterm,
@@ -303,6 +305,9 @@ def main() -> None:
         if _interrupted_query(exc) or was_stopped():
             err.print("interrupted")
             sys.exit(130)
+        if isinstance(exc, Exception) and (full := storage_error(exc)) is not None:
+            fail(full)  # a full disk (export, realign...): `error:` and `hint:`, exit 1
+            sys.exit(1)
         if state["debug"]:
             raise
         sys.exit(internal_error(exc))

@@ -5,6 +5,10 @@ Code raises these and never logs-and-continues; the CLI prints `error:` and `hin
 
 from __future__ import annotations
 
+import errno
+import json
+import re
+
 
 class RanklensError(Exception):
     """Base of every error ranklens reports to a user (printed without a traceback)."""
@@ -42,10 +46,57 @@ class MixedFormatsError(RanklensError):
     """One run holds files of several formats (Kineto traces and Nsight reports)."""
 
 
-class ShardWriteFailed(RanklensError):
-    """A rank's shard could not be written, or is not where the run's writer reads it: the
-    storage's fault, not the file's, so the ingest stops whatever --skip-bad says (skipping
-    would drop rank after rank, each for the same reason)."""
+class MachineError(RanklensError):
+    """The machine's or the storage's fault, not a trace's: the ingest stops whatever --skip-bad
+    says (skipping would drop file after file, each for the same reason), and nothing of the
+    run is kept."""
+
+
+class ShardWriteFailed(MachineError):
+    """A rank's shard could not be written, or is not where the run's writer reads it."""
+
+
+class StorageFull(MachineError):
+    """A file system ranklens writes to (the run, its temporary files) is full, over a quota
+    or a size limit, or read-only."""
+
+
+# What the OS says of a write that no retry or other file will fix; DuckDB reports the same
+# failures as its own error types, with the OS's words in the text.
+_NO_ROOM = {
+    errno.ENOSPC: "No space left on device",
+    errno.EDQUOT: "Disk quota exceeded",
+    errno.EFBIG: "File too large",
+    errno.EROFS: "Read-only file system",
+}
+_NO_ROOM_HINT = (
+    "free space there (or raise the limit), or write elsewhere; temporary files go to TMPDIR"
+)
+# DuckDB's asynchronous writes report the OS's failure as JSON inside their message
+_DUCKDB_JSON = re.compile(r'"exception_message":"((?:[^"\\]|\\.)*)"')
+
+
+def storage_error(exc: BaseException) -> StorageFull | None:
+    """`exc`, or an error it was raised from, as a StorageFull when it says a file system is
+    full or read-only (an OSError's errno, or those words in DuckDB's error); else None. A
+    RanklensError is left as it is: it says what to do already."""
+    if isinstance(exc, RanklensError):
+        return exc if isinstance(exc, StorageFull) else None
+    seen: BaseException | None = exc
+    while seen is not None:
+        if _says_no_room(seen):
+            first = (str(seen).splitlines() or [""])[0]
+            if (inner := _DUCKDB_JSON.search(first)) is not None:
+                first = json.loads(f'"{inner.group(1)}"')
+            return StorageFull(f"cannot write: {first[:300]}", _NO_ROOM_HINT)
+        seen = seen.__cause__
+    return None
+
+
+def _says_no_room(exc: BaseException) -> bool:
+    if isinstance(exc, OSError) and exc.errno in _NO_ROOM:
+        return True
+    return any(words in str(exc) for words in _NO_ROOM.values())
 
 
 class WorkerDied(RanklensError):

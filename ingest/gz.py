@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import zlib
 
+from ranklens.ingest.errors import StorageFull, storage_error
 from ranklens.ingest.kineto_events import _fail
 
 
@@ -56,14 +57,19 @@ def _inflate(path: str, out: str) -> None:
                         "if it really is a trace, gunzip it yourself and give the .json",
                     )
                 if shutil.disk_usage(os.path.dirname(out)).free < _DISK_MARGIN:
-                    raise _fail(
-                        path,
-                        f"not enough space in {os.path.dirname(os.path.dirname(out))} to "
-                        f"inflate it ({written // 2**20} MiB so far)",
+                    raise StorageFull(
+                        f"{path}: not enough space in {os.path.dirname(os.path.dirname(out))} "
+                        f"to inflate it ({written // 2**20} MiB so far)",
                         "free space there, or point TMPDIR at a larger disk",
                     )
                 dst.write(chunk)
     except (OSError, EOFError, zlib.error) as exc:
+        if storage_error(exc) is not None:  # the copy's disk (full, a quota): not the trace's
+            raise StorageFull(
+                f"{path}: cannot inflate it into {os.path.dirname(os.path.dirname(out))} "
+                f"({exc.strerror if isinstance(exc, OSError) and exc.strerror else exc})",
+                "free space there (or raise the limit), or point TMPDIR at a larger disk",
+            ) from exc
         raise _fail(
             path, f"corrupt gzip data ({exc})", "re-copy the file; gzip -t FILE checks it"
         ) from None

@@ -9,9 +9,10 @@ as it was, and re-ingesting the same files gives the same database.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,7 +22,7 @@ from ranklens.ingest import output, post, readers, sanity, shards
 from ranklens.ingest._model import Batch, Reader
 from ranklens.ingest.config import RunOptions
 from ranklens.ingest.crossrank import check_layout, finish_cross_rank
-from ranklens.ingest.errors import NoTracesError, RanklensError
+from ranklens.ingest.errors import NoTracesError, RanklensError, storage_error
 from ranklens.ingest.inputs import NOT_TRACES, Inputs, scan_inputs
 from ranklens.ingest.post import finish_database
 from ranklens.ingest.rank_task import RankResult
@@ -104,7 +105,7 @@ def load_traces(
     report = IngestReport(db_path=str(out), warnings=notes)
     _unreadable_dirs(found, report, on_error)
     place = output.replacing_dir(out) if sharded else output.replacing(out)
-    with place as tmp, private_dir("ingest") as scratch:
+    with _storage_errors_named(), place as tmp, private_dir("ingest") as scratch:
         con = duckdb.connect(str(tmp / shards.CATALOG if sharded else tmp))
         con.execute("SET enable_progress_bar = false")
         # Bound the writer's memory; DuckDB spills to a temp dir beside the output instead.
@@ -126,6 +127,20 @@ def load_traces(
     report.seconds["total"] = time.perf_counter() - started  # the run in place
     report.warnings += _small_shards(sharded, files)  # about this ingest, not stored in the run
     return report
+
+
+@contextlib.contextmanager
+def _storage_errors_named() -> Iterator[None]:
+    """A full, over-quota or read-only file system (the output's, or the temporary files'),
+    which DuckDB and Python report as their own errors, as StorageFull: `error:` and a hint,
+    not an internal error. The output is put in place only at the end, so nothing was kept."""
+    try:
+        yield
+    except Exception as exc:
+        full = storage_error(exc)
+        if full is None or full is exc:
+            raise
+        raise full from exc
 
 
 def _unreadable_dirs(found: Inputs, report: IngestReport, on_error: str) -> None:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from ranklens.ingest import kineto, shards, staging, step_assign
 from ranklens.ingest._model import rank_from_name
-from ranklens.ingest.errors import RanklensError, ShardWriteFailed
+from ranklens.ingest.errors import MachineError, RanklensError
 from ranklens.ingest.sanity import check_times
 from ranklens.ingest.sink import file_error, file_size, require_rank, with_rank
 from ranklens.ingest.tempfiles import private_dir
@@ -49,7 +49,7 @@ class RankResult:
 def read_file(fmt: str, path: str, trace_id: int, run_dir: str) -> list[RankResult]:
     """Every rank of one file, its shards written under `run_dir`; a bad file gives one result
     holding the error (and no shard). Errors of the machine (memory, disk) and of the storage
-    (ShardWriteFailed) are raised."""
+    (MachineError) are raised."""
     # A private directory: a worker killed mid-task (SIGKILL) leaves it unlocked, and the
     # ingest that saw the worker die, or any later run, removes it.
     with private_dir("task") as scratch:
@@ -57,7 +57,7 @@ def read_file(fmt: str, path: str, trace_id: int, run_dir: str) -> list[RankResu
             return list(_read(fmt, path, trace_id, run_dir, str(scratch)))
         except Exception as exc:
             shards.remove_parts(run_dir, trace_id)
-            if isinstance(exc, ShardWriteFailed):
+            if isinstance(exc, MachineError):  # the storage's (ShardWriteFailed, StorageFull)
                 raise
             return [RankResult(trace_id, path, fmt, file_size(path), error=file_error(path, exc))]
 

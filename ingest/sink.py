@@ -18,7 +18,14 @@ import duckdb
 import pyarrow as pa
 from ranklens.ingest import event_store, lifecycle, shards, staging
 from ranklens.ingest._model import RankPart, ReadFile, rank_from_name
-from ranklens.ingest.errors import NotATraceError, RankError, RanklensError, TraceFormatError
+from ranklens.ingest.errors import (
+    MachineError,
+    NotATraceError,
+    RankError,
+    RanklensError,
+    TraceFormatError,
+    storage_error,
+)
 from ranklens.ingest.event_store import insert_events
 from ranklens.ingest.held_rows import HeldRows
 from ranklens.ingest.sanity import check_rank, check_times
@@ -176,6 +183,8 @@ class Sink:
             self._rows.write(self.con)
             write_ranks(self.con, small)
         except Exception as exc:
+            if (full := storage_error(exc)) is not None:
+                raise full from exc
             if not is_file_error(exc):
                 raise  # the machine's (memory, disk): as from any write
             ranks = [r for r, _g, _p in small]
@@ -335,6 +344,8 @@ def is_file_error(exc: Exception) -> bool:
     may skip the file."""
     if lifecycle.was_stopped():
         return False
+    if isinstance(exc, MachineError) or storage_error(exc) is not None:
+        return False  # a full disk is not the trace's fault either
     return not isinstance(
         exc, MemoryError | duckdb.IOException | duckdb.OutOfMemoryException | BrokenProcessPool
     )
@@ -343,7 +354,7 @@ def is_file_error(exc: Exception) -> bool:
 def file_error(path: str, exc: Exception) -> RanklensError:
     """`exc`, raised while reading `path`, as that file's error: a RanklensError as it is, one
     of the file's own (is_file_error) turned into one naming it; the machine's is raised."""
-    if isinstance(exc, RanklensError):
+    if isinstance(exc, RanklensError) and not isinstance(exc, MachineError):
         return exc
     if not is_file_error(exc):
         raise exc
