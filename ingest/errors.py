@@ -77,26 +77,34 @@ _DUCKDB_JSON = re.compile(r'"exception_message":"((?:[^"\\]|\\.)*)"')
 
 
 def storage_error(exc: BaseException) -> StorageFull | None:
-    """`exc`, or an error it was raised from, as a StorageFull when it says a file system is
-    full or read-only (an OSError's errno, or those words in DuckDB's error); else None. A
-    RanklensError is left as it is: it says what to do already."""
+    """`exc` as a StorageFull when it says a file system is full or read-only (no_room); else
+    None. A RanklensError is left as it is: it says what to do already."""
     if isinstance(exc, RanklensError):
         return exc if isinstance(exc, StorageFull) else None
+    seen = _no_room_in(exc)
+    if seen is None:
+        return None
+    first = (str(seen).splitlines() or [""])[0]
+    if (inner := _DUCKDB_JSON.search(first)) is not None:
+        first = json.loads(f'"{inner.group(1)}"')
+    return StorageFull(f"cannot write: {first[:300]}", _NO_ROOM_HINT)
+
+
+def no_room(exc: BaseException) -> bool:
+    """Whether `exc` (not a RanklensError), or an error it was raised from, says a file system
+    is full or read-only: an OSError's errno, or those words in DuckDB's error."""
+    return not isinstance(exc, RanklensError) and _no_room_in(exc) is not None
+
+
+def _no_room_in(exc: BaseException) -> BaseException | None:
     seen: BaseException | None = exc
     while seen is not None:
-        if _says_no_room(seen):
-            first = (str(seen).splitlines() or [""])[0]
-            if (inner := _DUCKDB_JSON.search(first)) is not None:
-                first = json.loads(f'"{inner.group(1)}"')
-            return StorageFull(f"cannot write: {first[:300]}", _NO_ROOM_HINT)
+        if isinstance(seen, OSError) and seen.errno in _NO_ROOM:
+            return seen
+        if any(words in str(seen) for words in _NO_ROOM.values()):
+            return seen
         seen = seen.__cause__
     return None
-
-
-def _says_no_room(exc: BaseException) -> bool:
-    if isinstance(exc, OSError) and exc.errno in _NO_ROOM:
-        return True
-    return any(words in str(exc) for words in _NO_ROOM.values())
 
 
 class WorkerDied(RanklensError):

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import zlib
 
-from ranklens.ingest.errors import StorageFull, storage_error
+from ranklens.ingest.errors import StorageFull, no_room
 from ranklens.ingest.kineto_events import _fail
 
 
@@ -64,7 +64,7 @@ def _inflate(path: str, out: str) -> None:
                     )
                 dst.write(chunk)
     except (OSError, EOFError, zlib.error) as exc:
-        if storage_error(exc) is not None:  # the copy's disk (full, a quota): not the trace's
+        if no_room(exc):  # the copy's disk (full, a quota): not the trace's
             raise StorageFull(
                 f"{path}: cannot inflate it into {os.path.dirname(os.path.dirname(out))} "
                 f"({exc.strerror if isinstance(exc, OSError) and exc.strerror else exc})",

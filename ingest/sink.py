@@ -24,7 +24,7 @@ from ranklens.ingest.errors import (
     RankError,
     RanklensError,
     TraceFormatError,
-    storage_error,
+    no_room,
 )
 from ranklens.ingest.event_store import insert_events
 from ranklens.ingest.held_rows import HeldRows
@@ -183,10 +183,8 @@ class Sink:
             self._rows.write(self.con)
             write_ranks(self.con, small)
         except Exception as exc:
-            if (full := storage_error(exc)) is not None:
-                raise full from exc
             if not is_file_error(exc):
-                raise  # the machine's (memory, disk): as from any write
+                raise  # the machine's (memory, disk, a full one: load_traces names it)
             ranks = [r for r, _g, _p in small]
             named = f"{ranks[:8]}" + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
             raise WriteFailed(
@@ -344,7 +342,7 @@ def is_file_error(exc: Exception) -> bool:
     may skip the file."""
     if lifecycle.was_stopped():
         return False
-    if isinstance(exc, MachineError) or storage_error(exc) is not None:
+    if isinstance(exc, MachineError) or no_room(exc):
         return False  # a full disk is not the trace's fault either
     return not isinstance(
         exc, MemoryError | duckdb.IOException | duckdb.OutOfMemoryException | BrokenProcessPool
