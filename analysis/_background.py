@@ -11,12 +11,12 @@ and tables, and numpy and DuckDB release the GIL while they work.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 import duckdb
+from ranklens.ingest.threads import Helper
 
 T = TypeVar("T")
 
@@ -48,7 +48,7 @@ class _Work(Generic[T]):
         self.fn = fn
         self.value: T | None = None
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="ranklens-background", daemon=True)
+        self.helper = Helper(self._run, name="ranklens-background", daemon=True)
 
     def _run(self) -> None:
         try:
@@ -58,7 +58,7 @@ class _Work(Generic[T]):
 
     def result(self) -> T:
         """Wait for the computation; its value, or its error raised here."""
-        self.thread.join()
+        self.helper.wait()
         if self.error is not None:
             raise self.error
         return self.value  # type: ignore[return-value]
@@ -73,14 +73,15 @@ def background(
     an open transaction. Leaving the block early (an error, Ctrl+C) interrupts the cursor's
     queries until `fn` gives up (its outcome is dropped): the wait is at most the Python
     stretch `fn` is in. Why wait at all: a thread still inside DuckDB when the interpreter
-    exits is torn down under it, and the process aborts (exit 134, not 143 or 130)."""
+    exits is torn down under it, and the process aborts (exit 134, not 143 or 130); how it
+    waits: ingest/threads.py."""
     work = _Work(con, fn)
-    work.thread.start()
     try:
+        work.helper.start()
         yield work.result
     finally:
-        while work.thread.is_alive():
+        while work.helper.running:
             with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl+C waits too
                 work.cur.interrupt()
-                work.thread.join(0.05)
+                work.helper.wait(0.05)
         work.cur.close()

@@ -22,6 +22,7 @@ from ranklens.dashboards.app import create_app, page_paths, warm_pages
 from ranklens.dashboards.data import RunData
 from ranklens.dashboards.data_compare import Baseline, comparison
 from ranklens.ingest.run import OpenOptions, open_run
+from ranklens.ingest.threads import Helper
 
 FIRST_PAGE_WAIT_S = 5.0  # the warming waits this long at most for the first page's request
 DRAW_WAIT_S = 2.0  # then this long, while the browser draws that page (its CPU, not ours)
@@ -81,8 +82,7 @@ class Warmer:
         self._steps += [partial(warm_pages, app, [p]) for p in page_paths() if p != "/"]
         self._served = threading.Event()
         app.server.after_request(self._seen)
-        self._thread = threading.Thread(target=self._run, name="ranklens-warm", daemon=True)
-        self._thread.start()
+        self._helper = Helper(self._run, name="ranklens-warm", daemon=True).start()
 
     def _seen(self, response: flask.Response) -> flask.Response:
         """The first page's content was asked for: warming may compete for the CPU now."""
@@ -109,4 +109,4 @@ class Warmer:
         """Let the step in progress finish (it holds a connection to the run), skip the rest."""
         self._halt.set()
         self._served.set()
-        self._thread.join()
+        self._helper.wait()

@@ -11,7 +11,6 @@ largest part of an ingest.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 
 import duckdb
@@ -20,6 +19,7 @@ from ranklens.ingest import event_store, staging, step_assign
 from ranklens.ingest.database import registered
 from ranklens.ingest.event_store import insert_events
 from ranklens.ingest.schema import TABLE_BY_NAME
+from ranklens.ingest.threads import Helper
 
 PARALLEL_ROWS = 400_000  # a rank this large is written by two INSERTs at once (_insert_two)
 
@@ -154,21 +154,21 @@ def _insert_two(
         except BaseException as exc:  # re-raised in the caller's thread
             failed.append(exc)
 
-    thread = threading.Thread(target=later, name="ranklens-insert")
+    helper = Helper(later, name="ranklens-insert")
     try:
         for cur in curs:
             cur.execute("BEGIN TRANSACTION")
-        thread.start()
+        helper.start()
         insert_events(curs[0], first)
-        thread.join()
+        helper.wait()
         if failed:
             raise failed[0]
         for cur in curs:
             cur.execute("COMMIT")
     except BaseException:
-        if thread.is_alive():
+        if helper.running:
             curs[1].interrupt()
-            _wait(thread)
+            _wait(helper)
         for cur in curs:
             with contextlib.suppress(duckdb.Error):  # none open: not begun, or committed
                 cur.execute("ROLLBACK")
@@ -178,11 +178,11 @@ def _insert_two(
             cur.close()
 
 
-def _wait(thread: threading.Thread) -> None:
-    """Join `thread` (its query interrupted, it ends soon), through a second Ctrl+C too."""
-    while thread.is_alive():
+def _wait(helper: Helper) -> None:
+    """Wait for `helper` (its query interrupted, it ends soon), through a second Ctrl+C too."""
+    while helper.running:
         with contextlib.suppress(KeyboardInterrupt):
-            thread.join(0.1)
+            helper.wait(0.1)
 
 
 def insert_windows(

@@ -104,7 +104,7 @@ def test_the_warmer_stops_before_the_run_is_closed(
     monkeypatch.setattr(server.Warmer, "__init__", init)
     monkeypatch.setattr(dash.Dash, "run", lambda self, **_: None)  # Ctrl+C at once
     server.serve([str(stored)], log=lambda _: None)
-    assert len(threads) == 1 and not threads[0]._thread.is_alive()
+    assert len(threads) == 1 and not threads[0]._helper.running
 
 
 def test_a_page_being_built_is_built_once(stored: Path) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 from concurrent.futures import Future
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import duckdb
@@ -25,20 +24,19 @@ from test_kineto import bad_cuts, chunky, dump_tables
 
 class _Starting:
     """The workers' start as the main process sees it: still running until the first file is
-    decoded here whole (or a piece fails), then done at once when joined. Deterministic, where
+    decoded here whole (or a piece fails), then done at once when waited for. Deterministic, where
     a start slowed by a sleep left it to the machine's speed how many pieces were decoded."""
 
-    def __init__(self, target: Any, args: tuple[Any, ...]) -> None:
-        self.target, self.args = target, args
+    def __init__(self, target: Any, name: str) -> None:
+        self.target = target
+        self.running = True
 
-    def start(self) -> None:
-        pass
+    def start(self) -> _Starting:
+        return self
 
-    def is_alive(self) -> bool:
-        return True
-
-    def join(self) -> None:
-        self.target(*self.args)
+    def wait(self) -> None:
+        self.target()
+        self.running = False
 
 
 def _slow_start(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -52,7 +50,7 @@ def _slow_start(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         here.extend(type(f.exception()).__name__ if f.exception() else "ok" for f in head.pieces)
         return head
 
-    monkeypatch.setattr(kineto_schedule, "threading", SimpleNamespace(Thread=_Starting))
+    monkeypatch.setattr(kineto_schedule, "Helper", _Starting)
     monkeypatch.setattr(kineto_schedule, "_first_while_starting", spied)
     monkeypatch.setattr(loader, "_SERIAL_BELOW_BYTES", 0)  # small files: use the pool anyway
     return here

@@ -1,0 +1,55 @@
+"""A thread whose end its starter can wait for through Ctrl+C and SIGTERM.
+
+Why: up to Python 3.12, a KeyboardInterrupt (or Terminated, lifecycle.py) raised while
+`Thread.join()` waits runs threading's bpo-45274 handler, which releases the state lock the
+*running* thread holds and marks it stopped: `is_alive()` then says False while the thread
+goes on. A stop that landed there let `ranklens ingest` close a cursor whose query another
+thread was still running, and exit under it: an abort inside DuckDB (exit 134, not 130 or
+143) when that query returned during the interpreter's finalization: 10 stops in 60 sent
+0-4 s into a 16-rank job's stored results (docs/scale.md, session 28). Here `join()` is
+never called: the thread sets its own flag when its target has returned, and the starter
+polls it in short sleeps, which a signal interrupts without touching any lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+_POLL_S = 0.005
+
+
+class Helper:
+    """`target` on a thread of its own."""
+
+    def __init__(self, target: Callable[[], object], name: str, daemon: bool = False) -> None:
+        self.started = self.done = False
+        self._target = target
+        self.thread = threading.Thread(target=self._body, name=name, daemon=daemon)
+
+    def start(self) -> Helper:
+        self.started = True
+        self.thread.start()
+        return self
+
+    @property
+    def running(self) -> bool:
+        """Started, and its target not yet returned (what `is_alive()` should have said)."""
+        return self.started and not self.done
+
+    def _body(self) -> None:
+        try:
+            self._target()
+        finally:
+            self.done = True  # after the target left every C call (DuckDB's included)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Sleep until the target has returned or raised, or `timeout` passed; whether it
+        has. A stop raised here leaves the thread and its state as they were."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.running:
+            if end is not None and time.monotonic() >= end:
+                return False
+            time.sleep(_POLL_S)
+        return True
