@@ -28,6 +28,14 @@ A share also rises when the step gets shorter around an unchanged time: a run wh
 faster would fail the gate on its communication's share. So a share's rise is a regression
 only when its own time per step grew too, by more than the threshold and that time's noise, in
 units of the baseline's step (time_growth).
+
+A share also moves between ranks when the straggler changes: the rank that was slow now waits
+in the collectives and its exposed comm rises, the new straggler's falls, the step is as long
+as before. Both directions failed the gate on two generated runs that differed only in which
+of two DP peers was slow. So a metric's rises are regressions only when they are not offset
+by falls on its other ranks: the sum of its changes over every rank compared must be at least
+half the sum of its flagged rises (`offset`). A run-wide slowdown, or one confined to some
+ranks, keeps its sum; a step that got longer is judged on step time, which is never offset.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import duckdb
 import polars as pl
@@ -81,6 +89,9 @@ class Change:
     regression: bool
     # A share's own time per step: its change in units of the baseline's step (time_growth).
     time_delta: float | None = None
+    # A rise beyond the limit and the noise that other ranks' falls offset (who waits changed,
+    # see the module docstring): not a regression.
+    offset: bool = False
 
 
 Key = tuple[int, str]  # (rank, key)
@@ -144,6 +155,24 @@ def judge_runs(
             both = (times[0][pair], times[1][pair])
         c = s_cur[pair], s_base[pair]
         out.append(judge(metric, key, rank, *c, max_regression, floor, both))
+    return out if metric in _RELATIVE else _offsets(out)
+
+
+OFFSET_SHARE = 0.5  # a metric's net change must keep this part of its flagged rises
+
+
+def _offsets(changes: list[Change]) -> list[Change]:
+    """`changes` (one metric, its ranks and keys) with the rises of each key that its other
+    ranks' falls offset no longer regressions (the module docstring's rule)."""
+    out = list(changes)
+    for key in {c.key for c in changes}:
+        mine = [i for i, c in enumerate(changes) if c.key == key]
+        rises = sum(changes[i].delta for i in mine if changes[i].regression)
+        net = sum(changes[i].delta for i in mine)
+        if rises > 0 and net < OFFSET_SHARE * rises:
+            for i in mine:
+                if changes[i].regression:
+                    out[i] = replace(changes[i], regression=False, offset=True)
     return out
 
 
@@ -235,11 +264,11 @@ def robust_noise(
     return k * math.sqrt(math.pi / 2) * math.sqrt(sd * sd / n + sd_b * sd_b / n_b)
 
 
-def summarize(changes: list[Change]) -> list[str]:
+def summarize(changes: list[Change], offset: bool = False) -> list[str]:
     """Lines naming what regressed most, e.g. 'DP exposed comm +4.1% of step on ranks 8-15',
-    'PP bubble +6.2% of step on ranks 4-7'."""
+    'PP bubble +6.2% of step on ranks 4-7'; offset: the rises other ranks' falls offset."""
     lines = []
-    regs = [c for c in changes if c.regression]
+    regs = [c for c in changes if (c.offset if offset else c.regression)]
     by: dict[tuple[str, str], list[Change]] = {}
     for c in regs:
         by.setdefault((c.metric, c.key), []).append(c)
@@ -296,6 +325,8 @@ def verdict(changes: list[Change], limit: float, source: str) -> Verdict:
             "max_regression", label, limit, "fail", subject, worst.delta, msg, source, len(changes)
         )
     msg = f"{label}: no regression beyond {100 * limit:.1f}% and the noise"
+    if moved := summarize(changes, offset=True):
+        msg += f"; offset by other ranks' falls (who waits changed): {'; '.join(moved[:3])}"
     return Verdict(
         "max_regression", label, limit, "pass", subject, worst.delta, msg, source, len(changes)
     )

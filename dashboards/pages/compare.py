@@ -161,6 +161,8 @@ def _td(column: str, text: str, change: Change | None = None, color: str | None 
             attrs["title"] += (
                 f"; its time per step {100 * change.time_delta:+.3g}% of the base step"
             )
+        if change.offset:
+            attrs["title"] += "; offset by other ranks' falls (who waits changed)"
     return html.Td(text, className="compare-regression" if flagged else None, style=style, **attrs)
 
 

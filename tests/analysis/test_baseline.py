@@ -166,3 +166,57 @@ def test_time_growth_without_a_baseline_step_leaves_the_share_verdict() -> None:
         "comm_share", "TP", 1, *share, 0.05, times=(([1.0] * 3, [1.0] * 3), ([], []))
     )
     assert c.regression and c.time_delta is None
+
+
+def _exposed(waits_ms: dict[int, float]) -> dict[tuple[int, str], list[float]]:
+    """(rank, "DP") -> 5 steps of exposed comm share in a 100 ms step, with a little jitter."""
+    return {
+        (r, "DP"): [(w + j) / 100 for j in (-0.2, 0.1, 0.0, 0.2, -0.1)] for r, w in waits_ms.items()
+    }
+
+
+def _times(waits_ms: dict[int, float]) -> dict[tuple[int, str], baseline.Times]:
+    return {
+        (r, "DP"): ([(w + j) * MS for j in (-0.2, 0.1, 0.0, 0.2, -0.1)], [100 * MS] * 5)
+        for r, w in waits_ms.items()
+    }
+
+
+def _judged(cur: dict[int, float], base: dict[int, float]) -> list[baseline.Change]:
+    times = (_times(cur), _times(base))
+    return baseline.judge_runs("exposed_comm", _exposed(cur), _exposed(base), 0.05, times)
+
+
+def test_who_waits_changing_is_offset_not_a_regression() -> None:
+    """Rank 0 was the straggler (it never waited; ranks 1-3 waited 15 ms for it), now rank 1
+    is (ranks 0, 2, 3 wait 15 ms): rank 0's exposed comm rose 15 points, rank 1's fell as
+    much, the step is as long as before. Each rank alone is beyond the limit and the noise."""
+    changes = _judged({0: 15, 1: 0, 2: 15, 3: 15}, {0: 0, 1: 15, 2: 15, 3: 15})
+    by = {c.rank: c for c in changes}
+    assert by[0].delta == pytest.approx(0.15) and by[1].delta == pytest.approx(-0.15)
+    assert by[0].offset and not by[0].regression
+    assert not any(c.regression for c in changes)
+    assert baseline.summarize(changes) == []
+    (moved,) = baseline.summarize(changes, offset=True)
+    assert moved.startswith("DP exposed comm +15.0% of step on ranks 0 (noise ±")
+    v = baseline.verdict(changes, 0.05, "flag")
+    assert v.status == "pass" and "who waits changed" in v.message and "ranks 0" in v.message
+
+
+@pytest.mark.parametrize(
+    ("cur", "regressed"),
+    [
+        ({0: 15, 1: 15, 2: 15, 3: 15}, [0]),  # one rank's rise, nothing fell: kept
+        ({0: 30, 1: 30, 2: 30, 3: 30}, [0, 1, 2, 3]),  # every rank waits 15 ms more
+        # rank 0 rose 40 points, rank 1 fell 15: the net (+25) keeps more than half the rise
+        ({0: 40, 1: 0, 2: 15, 3: 15}, [0]),
+    ],
+)
+def test_rises_that_falls_do_not_offset_stay_regressions(
+    cur: dict[int, float], regressed: list[int]
+) -> None:
+    changes = _judged(
+        cur, {0: 0, 1: 15, 2: 15, 3: 15} if regressed == [0] else dict.fromkeys(range(4), 15.0)
+    )
+    assert sorted(c.rank for c in changes if c.regression) == regressed
+    assert not any(c.offset for c in changes)
