@@ -317,7 +317,8 @@ def verdict(changes: list[Change], limit: float, source: str) -> Verdict:
             f"{label}: skipped, no metric in common with the baseline",
             source,
         )
-    worst = max(regs or changes, key=lambda c: c.delta)
+    # a pass names its largest change that is not offset (an offset rise exceeds the limit)
+    worst = max(regs or [c for c in changes if not c.offset] or changes, key=lambda c: c.delta)
     subject = f"rank {worst.rank} {worst.metric}" + ("" if worst.key == "all" else f" {worst.key}")
     if regs:
         msg = f"{label}: " + "; ".join(summarize(changes)[:3])
