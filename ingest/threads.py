@@ -7,8 +7,9 @@ goes on. A stop that landed there let `ranklens ingest` close a cursor whose que
 thread was still running, and exit under it: an abort inside DuckDB (exit 134, not 130 or
 143) when that query returned during the interpreter's finalization: 10 stops in 60 sent
 0-4 s into a 16-rank job's stored results (docs/scale.md, session 28). Here `join()` is
-never called: the thread sets its own flag when its target has returned, and the starter
-polls it in short sleeps, which a signal interrupts without touching any lock.
+never called: the thread sets its own flag when its target has returned, and that flag is the
+only truth. To wake at once, the starter also waits on a lock of its own that the thread holds
+until then, in acquires of at most 0.1 s: a signal that lands in one leaves the flag as it was.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-_POLL_S = 0.005
+_POLL_S = 0.1  # the longest a wait goes without looking at the flag
 
 
 class Helper:
@@ -26,9 +27,11 @@ class Helper:
     def __init__(self, target: Callable[[], object], name: str, daemon: bool = False) -> None:
         self.started = self.done = False
         self._target = target
+        self._end = threading.Lock()  # held from start() until the target has returned
         self.thread = threading.Thread(target=self._body, name=name, daemon=daemon)
 
     def start(self) -> Helper:
+        self._end.acquire()
         self.started = True
         self.thread.start()
         return self
@@ -43,13 +46,16 @@ class Helper:
             self._target()
         finally:
             self.done = True  # after the target left every C call (DuckDB's included)
+            self._end.release()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Sleep until the target has returned or raised, or `timeout` passed; whether it
         has. A stop raised here leaves the thread and its state as they were."""
         end = None if timeout is None else time.monotonic() + timeout
         while self.running:
-            if end is not None and time.monotonic() >= end:
+            left = _POLL_S if end is None else min(_POLL_S, end - time.monotonic())
+            if left <= 0:
                 return False
-            time.sleep(_POLL_S)
+            if self._end.acquire(timeout=left):
+                self._end.release()
         return True
