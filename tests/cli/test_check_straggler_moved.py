@@ -11,17 +11,15 @@ regression.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import pytest
 from ranklens.analysis import baseline
-from ranklens.cli.main import app
 from ranklens.ingest import load_traces
 from ranklens.sample_traces.gpu_job import GpuJob, write_job
 from test_check_faster_run import _changes as _page
+from test_check_faster_run import _check
 from typer.testing import CliRunner
 
 runner = CliRunner()
@@ -38,13 +36,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         out[name] = root / f"{name}.duckdb"
         load_traces([str(root / name)], out[name], workers=1)
     return out
-
-
-def _check(cur: Path, base: Path) -> tuple[int, dict[str, Any]]:
-    args = ["check", str(cur), "--baseline", str(base), "--max-regression", "5%", "-f", "json"]
-    res = runner.invoke(app, args)
-    assert res.exit_code in (0, 3), res.output
-    return res.exit_code, json.loads(res.stdout)
 
 
 def _job_step_ms(db: Path) -> float:
