@@ -20,9 +20,7 @@ from ranklens.ingest import load_traces
 from ranklens.sample_traces.gpu_job import GpuJob, write_job
 from test_check_faster_run import _changes as _page
 from test_check_faster_run import _check
-from typer.testing import CliRunner
 
-runner = CliRunner()
 SLOW = {"rank0": {0: 1.3}, "rank1": {1: 1.3}, "rank0_slower": {0: 1.6}}
 
 
