@@ -10,7 +10,6 @@ and tables, and numpy and DuckDB release the GIL while they work.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Generic, TypeVar
@@ -80,8 +79,5 @@ def background(
         work.helper.start()
         yield work.result
     finally:
-        while work.helper.running:
-            with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl+C waits too
-                work.cur.interrupt()
-                work.helper.wait(0.05)
+        work.helper.outlast(work.cur.interrupt)
         work.cur.close()

@@ -166,9 +166,7 @@ def _insert_two(
         for cur in curs:
             cur.execute("COMMIT")
     except BaseException:
-        if helper.running:
-            curs[1].interrupt()
-            _wait(helper)
+        helper.outlast(curs[1].interrupt)
         for cur in curs:
             with contextlib.suppress(duckdb.Error):  # none open: not begun, or committed
                 cur.execute("ROLLBACK")
@@ -176,13 +174,6 @@ def _insert_two(
     finally:
         for cur in curs:
             cur.close()
-
-
-def _wait(helper: Helper) -> None:
-    """Wait for `helper` (its query interrupted, it ends soon), through a second Ctrl+C too."""
-    while helper.running:
-        with contextlib.suppress(KeyboardInterrupt):
-            helper.wait(0.1)
 
 
 def insert_windows(

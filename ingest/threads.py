@@ -14,6 +14,7 @@ until then, in acquires of at most 0.1 s: a signal that lands in one leaves the 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -59,3 +60,11 @@ class Helper:
             if self._end.acquire(timeout=left):
                 self._end.release()
         return True
+
+    def outlast(self, stop: Callable[[], None]) -> None:
+        """Call `stop` (what ends the target soon: a cursor's interrupt) and wait, again until
+        the target has returned, through further Ctrl+C too: never leave it running."""
+        while self.running:
+            with contextlib.suppress(KeyboardInterrupt):
+                stop()
+                self.wait(0.05)
