@@ -249,10 +249,38 @@ class _WorkerPool(ProcessPoolExecutor):
             self.worked = True
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """The pool's own shutdown, but its thread is waited for without `join()`: a second
+        Ctrl+C in that join (bpo-45274, threads.py) marked the thread ended while it still
+        sent the workers their stop; the exit then closed the queue under it, the workers
+        never heard, and the ingest hung at exit waiting for them (2 of 12 double Ctrl+C on
+        4 x 60 MB ranks). A stop during the wait kills the workers (the user insists; the
+        scratch they leave is swept) and the wait goes on until the thread has ended; then
+        the stop is raised."""
         self._closing = True  # workers exit now: not a death for the watchdog
         if getattr(self, "_broken", False):
             self._kill_all()
-        super().shutdown(wait=wait, cancel_futures=cancel_futures)
+        # (typeshed calls the thread a _ThreadWakeup)
+        thread: threading.Thread | None = getattr(self, "_executor_manager_thread", None)
+        results = self._result_queue
+        procs = self._processes_now()
+        super().shutdown(wait=False, cancel_futures=cancel_futures)
+        if not wait:
+            return
+        stop: KeyboardInterrupt | None = None  # raised again once the thread has ended
+        pause = 0.001
+        while thread is not None and thread.is_alive():  # no join: see the docstring
+            try:
+                time.sleep(pause)
+            except KeyboardInterrupt as exc:  # and Terminated
+                stop = stop or exc
+                for p in procs:
+                    with contextlib.suppress(OSError, ValueError):
+                        p.kill()
+            pause = min(2 * pause, 0.02)
+        if results is not None:
+            results.close()
+        if stop is not None:
+            raise stop
 
 
 def worked(pool: ProcessPoolExecutor) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +28,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 from ranklens.ingest.errors import TraceFormatError
+from ranklens.ingest.threads import outlast_futures
 
 NULL_INT = -(2**63)  # sentinel for SQL NULL in packed integer reads
 NULL_SQL = "(-9223372036854775807 - 1)"  # written so SQLite keeps it an INTEGER
@@ -159,26 +161,33 @@ class Report:
 
 
 def _ordered_parallel(fn: Any, starts: list[int]) -> Iterator[list[pa.Array]]:
-    """Map fn over starts on a small thread pool, in order, with a bounded window in flight."""
+    """Map fn over starts on a small thread pool, in order, with a bounded window in flight.
+    However it ends (Ctrl+C, twice, included), no call of fn is left running: the caller then
+    closes the connections they read from (threads.outlast_futures)."""
     if len(starts) == 1:
         t = fn(starts[0])
         if len(t[0]):
             yield t
         return
-    with ThreadPoolExecutor(_WORKERS) as pool:
-        window: list[Future[list[pa.Array]]] = []
+    pool = ThreadPoolExecutor(_WORKERS)
+    window: deque[Future[list[pa.Array]]] = deque()
+    try:
         it = iter(starts)
         for s in it:
             window.append(pool.submit(fn, s))
             if len(window) >= 2 * _WORKERS:
                 break
         while window:
-            t = window.pop(0).result()
+            t = window[0].result()
+            window.popleft()
             nxt = next(it, None)
             if nxt is not None:
                 window.append(pool.submit(fn, nxt))
             if len(t[0]):
                 yield t
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # no join: the running calls are waited
+        outlast_futures(window)  # for here, through Ctrl+C
 
 
 def _to_arrow(columns: Sequence[npt.NDArray[np.int64]]) -> list[pa.Array]:

@@ -1,0 +1,95 @@
+"""A second Ctrl+C while ranklens waits for its threads or worker processes to stop.
+
+Python's own waits for them (`Thread.join()`, which a thread pool's and a process pool's
+`shutdown(wait=True)` use) give up on a second stop and, up to Python 3.12, mark the thread
+ended while it runs on (ingest/threads.py). Measured before the change, double Ctrl+C on
+`ranklens ingest`: a SIGSEGV in 8 of 12 during the read of a 5 M-kernel Nsight export (its
+reader's threads stepping SQLite on connections being closed), a hang at exit in 2 of 12 on
+4 x 60 MB Kineto ranks (the workers never told to stop). Here the second stop is a real
+SIGINT sent to the main thread during the wait, as a terminal sends it."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pyarrow as pa
+import pytest
+from ranklens.ingest import lifecycle, nsys_sqlite
+
+LONG_S = 3.0  # how long the calls still running take; the second stop comes at STOP_S
+STOP_S = 0.3
+
+
+@contextmanager
+def second_stop_after(seconds: float) -> Iterator[None]:
+    """A real SIGINT to the main thread `seconds` from now, raising KeyboardInterrupt only
+    inside this block: one that a loaded machine delays past it is ignored, so it can never
+    stop the test session (then the test proves less, but cannot fail for it)."""
+    armed = threading.Event()
+    armed.set()
+
+    def handler(signum: int, frame: object) -> None:
+        if armed.is_set():
+            raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, handler)
+    main = threading.main_thread().ident
+    assert main is not None
+    timer = threading.Timer(seconds, signal.pthread_kill, (main, signal.SIGINT))
+    timer.start()
+    try:
+        yield
+    finally:
+        armed.clear()
+        timer.cancel()
+        while timer.is_alive():  # sent or cancelled before the handler goes
+            time.sleep(0.01)
+        signal.signal(signal.SIGINT, old)
+
+
+def test_nsys_reads_are_never_left_running() -> None:
+    lock = threading.Lock()
+    running = [0]
+
+    def read(start: int) -> list[pa.Array]:
+        with lock:
+            running[0] += 1
+        try:
+            if start > 0:
+                time.sleep(LONG_S)  # SQLite stepping: the GIL released
+            return [pa.array([start], pa.int64())]
+        finally:
+            with lock:
+                running[0] -= 1
+
+    chunks = nsys_sqlite._ordered_parallel(read, list(range(12)))
+    assert next(chunks)[0].to_pylist() == [0]  # the next reads are running
+    started = time.monotonic()
+    with second_stop_after(STOP_S), pytest.raises(KeyboardInterrupt):
+        try:
+            raise KeyboardInterrupt  # the first Ctrl+C, where the chunks are consumed
+        finally:
+            chunks.close()  # what unwinding does to the reader's generator
+        # (the second stop lands while close() waits for the reads)
+    assert running[0] == 0, "a read still ran when the stop reached the caller"
+    assert time.monotonic() - started < 3 * LONG_S  # the queued reads were cancelled
+
+
+def test_workers_end_before_the_pool_shutdown_returns() -> None:
+    pool = lifecycle.worker_pool(2, "json")
+    futures = [pool.submit(time.sleep, LONG_S) for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while not all(f.running() for f in futures) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    procs = list(pool._processes.values())  # type: ignore[attr-defined]
+    thread = pool._executor_manager_thread  # type: ignore[attr-defined]
+    assert len(procs) == 2 and thread is not None
+    with second_stop_after(STOP_S), pytest.raises(KeyboardInterrupt):
+        pool.shutdown(wait=True, cancel_futures=True)
+    # not is_alive(): after a stop in join() it says False of a running thread
+    assert thread not in threading.enumerate(), "the pool's thread ran on after shutdown"
+    assert all(p.exitcode is not None for p in procs), "a worker outlived the shutdown"
