@@ -10,7 +10,6 @@ temporary directory beside it and put in place by one rename, so a reader never 
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from ranklens.ingest.output import (
 from ranklens.ingest.run import OpenOptions, open_run
 from ranklens.ingest.schema import EVENTS_PLAIN, EVENTS_RICH, TABLES
 from ranklens.ingest.shards import COMM_TABLE
+from ranklens.ingest.tempfiles import remove_tree
 
 PER_RANK: tuple[str, ...] = ("events", "collectives", "steps", "threads")
 _EVENTS_STORAGE = (COMM_TABLE, EVENTS_RICH, EVENTS_PLAIN)  # exported as `events` whole
@@ -100,7 +100,7 @@ def export_parquet(con: duckdb.DuckDBPyConnection, out: Path) -> ExportReport:
                     report.partitioned.append(name)
             _publish(tmp, dest)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
     return report
 
 

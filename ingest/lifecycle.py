@@ -238,11 +238,7 @@ class _WorkerPool(ProcessPoolExecutor):
                 p.kill()
 
     def _unstick(self) -> None:
-        self._kill_all()
-        writer = getattr(getattr(self, "_result_queue", None), "_writer", None)
-        with contextlib.suppress(OSError):
-            if writer is not None:
-                writer.close()
+        _unstick(self._processes_now(), getattr(self, "_result_queue", None))
 
     def _note(self, fut: Future[Any]) -> None:
         if not fut.cancelled() and fut.exception() is None:
@@ -273,14 +269,25 @@ class _WorkerPool(ProcessPoolExecutor):
                 time.sleep(pause)
             except KeyboardInterrupt as exc:  # and Terminated
                 stop = stop or exc
-                for p in procs:
-                    with contextlib.suppress(OSError, ValueError):
-                        p.kill()
+                _unstick(procs, results)
             pause = min(2 * pause, 0.02)
         if results is not None:
             results.close()
         if stop is not None:
             raise stop
+
+
+def _unstick(procs: list[Any], results: Any) -> None:
+    """Kill the workers and close this process' end of the result pipe: a worker killed while
+    it wrote its result (a decoded piece: megabytes) leaves half a message, and the pool's
+    thread, reading the rest, then reads end-of-file instead of waiting forever."""
+    for p in procs:
+        with contextlib.suppress(OSError, ValueError):  # gone, or closed
+            p.kill()
+    writer = getattr(results, "_writer", None)
+    with contextlib.suppress(OSError):
+        if writer is not None:
+            writer.close()
 
 
 def worked(pool: ProcessPoolExecutor) -> bool:

@@ -24,6 +24,7 @@ from ranklens.ingest import readers
 from ranklens.ingest.database import is_database
 from ranklens.ingest.errors import RanklensError
 from ranklens.ingest.shards import CATALOG, is_sharded_run
+from ranklens.ingest.tempfiles import remove_tree
 
 
 class OutputError(RanklensError):
@@ -206,7 +207,7 @@ def replacing(out: Path) -> Iterator[Path]:
         finally:
             tmp.unlink(missing_ok=True)
             Path(str(tmp) + ".wal").unlink(missing_ok=True)
-            shutil.rmtree(str(tmp) + ".tmp", ignore_errors=True)  # DuckDB's spill directory
+            remove_tree(str(tmp) + ".tmp")  # DuckDB's spill directory
 
 
 def commit(tmp: Path, out: Path) -> None:
@@ -228,7 +229,7 @@ def replacing_dir(out: Path) -> Iterator[Path]:
             yield tmp
             commit_dir(tmp, out)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
 
 
 def commit_dir(tmp: Path, out: Path) -> None:

@@ -24,6 +24,22 @@ _STAGING = _LOCK + ".new"
 _TRIES = 20
 
 
+def remove_tree(path: str | os.PathLike[str]) -> None:
+    """`shutil.rmtree(path, ignore_errors=True)` that a second Ctrl+C (or SIGTERM) cannot cut
+    short: a sharded run's temporary directory holds thousands of shards, and a stop landing
+    in its removal left it behind on an exit that reported the cleanup done (1 of 6 double
+    Ctrl+C on a 1,024-rank sharded ingest). The stop is raised once the tree is gone."""
+    stop: KeyboardInterrupt | None = None
+    for _ in range(_TRIES):  # each pass removes what it can; errors stay ignored
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            break
+        except KeyboardInterrupt as exc:  # and lifecycle.Terminated
+            stop = stop or exc
+    if stop is not None:
+        raise stop
+
+
 @contextmanager
 def private_dir(kind: str) -> Iterator[Path]:
     """A fresh directory under $TMPDIR, removed on exit (and by a later run if this one dies).
@@ -33,7 +49,7 @@ def private_dir(kind: str) -> Iterator[Path]:
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)
         for fd in fds:
             os.close(fd)
 

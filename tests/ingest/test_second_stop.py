@@ -15,10 +15,11 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from ranklens.ingest import lifecycle, nsys_sqlite
+from ranklens.ingest import lifecycle, nsys_sqlite, tempfiles
 
 LONG_S = 3.0  # how long the calls still running take; the second stop comes at STOP_S
 STOP_S = 0.3
@@ -93,3 +94,20 @@ def test_workers_end_before_the_pool_shutdown_returns() -> None:
     # not is_alive(): after a stop in join() it says False of a running thread
     assert thread not in threading.enumerate(), "the pool's thread ran on after shutdown"
     assert all(p.exitcode is not None for p in procs), "a worker outlived the shutdown"
+
+
+def test_a_temporary_tree_is_removed_whole(tmp_path: Path) -> None:
+    """A sharded run's temporary directory (thousands of shards) is gone when the stop reaches
+    the caller, though a second stop landed while it was being removed."""
+    tree = tmp_path / ".run.tmp-1"
+    for r in range(400):
+        d = tree / "events" / f"rank={r}"
+        d.mkdir(parents=True)
+        for t in range(50):
+            (d / f"t{t}-0.parquet").write_bytes(b"x")
+    with second_stop_after(0.02), pytest.raises(KeyboardInterrupt):
+        try:
+            raise KeyboardInterrupt  # the first Ctrl+C, during the ingest
+        finally:
+            tempfiles.remove_tree(tree)  # replacing_dir's cleanup
+    assert not tree.exists()
