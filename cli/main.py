@@ -7,11 +7,12 @@ realign_cmd.py (realign); app.py holds what they share.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from ranklens.analysis import by_name, run_compare
@@ -285,14 +286,14 @@ def main() -> None:
         # Typer ends Ctrl+C (and SIGTERM, already unwound) with 130; a server that swallowed
         # the interrupt (werkzeug) returns normally. Either way a SIGTERM'd run ends with 143.
         if was_terminated():
-            err.print("terminated")
-            sys.exit(EXIT_TERMINATED)
+            _stopped("terminated", EXIT_TERMINATED)
         if exc.code == 130:
-            err.print("interrupted")
+            _stopped("interrupted", 130)
         raise
     except KeyboardInterrupt:
-        err.print("terminated" if was_terminated() else "interrupted")
-        sys.exit(EXIT_TERMINATED if was_terminated() else 130)
+        if was_terminated():
+            _stopped("terminated", EXIT_TERMINATED)
+        _stopped("interrupted", 130)
     except GeneratorExit:
         raise
     except BaseException as exc:  # also native panics (pyo3's PanicException)
@@ -300,17 +301,23 @@ def main() -> None:
         # error, or, raised in Python code it was calling, an InvalidInputException, losing
         # the KeyboardInterrupt (or Terminated): every cleanup has run all the same.
         if was_terminated():
-            err.print("terminated")
-            sys.exit(EXIT_TERMINATED)
+            _stopped("terminated", EXIT_TERMINATED)
         if _interrupted_query(exc) or was_stopped():
-            err.print("interrupted")
-            sys.exit(130)
+            _stopped("interrupted", 130)
         if isinstance(exc, Exception) and (full := storage_error(exc)) is not None:
             fail(full)  # a full disk (export, realign...): `error:` and `hint:`, exit 1
             sys.exit(1)
         if state["debug"]:
             raise
         sys.exit(internal_error(exc))
+
+
+def _stopped(said: str, code: int) -> NoReturn:
+    """Say how a stopped run ended and exit `code`. A second Ctrl+C while it says so (rich
+    imports its emoji table on the first print) printed a traceback and died of the signal."""
+    with contextlib.suppress(KeyboardInterrupt):
+        err.print(said)
+    sys.exit(code)
 
 
 def _interrupted_query(exc: BaseException) -> bool:

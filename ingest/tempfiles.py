@@ -49,9 +49,11 @@ def private_dir(kind: str) -> Iterator[Path]:
     try:
         yield path
     finally:
-        remove_tree(path)
-        for fd in fds:
-            os.close(fd)
+        try:
+            remove_tree(path)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
 
 def _make(kind: str) -> tuple[Path, list[int]]:
