@@ -72,8 +72,10 @@ def _pool(tasks: list[Task], run_dir: str, workers: int) -> Iterator[list[RankRe
     except BrokenProcessPool:
         raise WorkerDied(worked=lifecycle.worked(pool)) from None
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        sweep_abandoned()  # the scratch of a worker that was killed mid-task
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            sweep_abandoned()  # the scratch of a worker that was killed mid-task
 
 
 def _in_order(

@@ -250,8 +250,8 @@ class _WorkerPool(ProcessPoolExecutor):
         sent the workers their stop; the exit then closed the queue under it, the workers
         never heard, and the ingest hung at exit waiting for them (2 of 12 double Ctrl+C on
         4 x 60 MB ranks). A stop during the wait kills the workers (the user insists; the
-        scratch they leave is swept) and the wait goes on until the thread has ended; then
-        the stop is raised."""
+        scratch a killed worker leaves is swept by the caller or the next run) and the wait
+        goes on until the thread has ended; then the stop is raised."""
         self._closing = True  # workers exit now: not a death for the watchdog
         if getattr(self, "_broken", False):
             self._kill_all()

@@ -27,7 +27,7 @@ _TRIES = 20
 def remove_tree(path: str | os.PathLike[str]) -> None:
     """`shutil.rmtree(path, ignore_errors=True)` that a second Ctrl+C (or SIGTERM) cannot cut
     short: a sharded run's temporary directory holds thousands of shards, and a stop landing
-    in its removal left it behind on an exit that reported the cleanup done (1 of 6 double
+    in its removal left it behind on an exit that reported the cleanup done (3 of 14 double
     Ctrl+C on a 1,024-rank sharded ingest). The stop is raised once the tree is gone."""
     stop: KeyboardInterrupt | None = None
     for _ in range(_TRIES):  # each pass removes what it can; errors stay ignored
