@@ -1,7 +1,7 @@
 """Shared pytest fixtures and options for the ranklens test suite.
 
 Groups (add new fixtures under a heading of their own):
-- options: `--update-goldens`.
+- options: `--update-goldens`; Ctrl+C made deliverable (`pytest_configure`).
 - databases: `tmp_db`, `ingest` (build traces -> ingest -> read-only connection).
 - real traces: `shared_traces` (../shared/traces/public, skipped when absent).
 """
@@ -38,6 +38,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="rewrite golden (expected) output files instead of comparing against them",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests that stop the CLI with Ctrl+C need SIGINT to reach Python. A shell without job
+    control starts background commands (`pytest ... &` in a CI script) with SIGINT ignored,
+    and children inherit that: `_thread.interrupt_main` then does nothing and a CLI sent
+    SIGINT never stops. Python's own handler here gives this process Ctrl+C back, and its
+    children the default disposition (a handler is not inherited across exec)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
