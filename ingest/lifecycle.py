@@ -25,6 +25,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from ranklens.ingest.threads import through_stops
+
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, what shells report for a SIGTERM'd process
 
 
@@ -233,9 +235,7 @@ class _WorkerPool(ProcessPoolExecutor):
             return False
 
     def _kill_all(self) -> None:
-        for p in self._processes_now():
-            with contextlib.suppress(OSError, ValueError):  # gone, or closed
-                p.kill()
+        _kill(self._processes_now())
 
     def _unstick(self) -> None:
         _unstick(self._processes_now(), getattr(self, "_result_queue", None))
@@ -262,32 +262,35 @@ class _WorkerPool(ProcessPoolExecutor):
         super().shutdown(wait=False, cancel_futures=cancel_futures)
         if not wait:
             return
-        stop: KeyboardInterrupt | None = None  # raised again once the thread has ended
-        pause = 0.001
-        while thread is not None and thread.is_alive():  # no join: see the docstring
-            try:
-                time.sleep(pause)
-            except KeyboardInterrupt as exc:  # and Terminated
-                stop = stop or exc
-                _unstick(procs, results)
-            pause = min(2 * pause, 0.02)
-        if results is not None:
-            results.close()
-        if stop is not None:
-            raise stop
+
+        def ended() -> bool:  # no join: see the docstring
+            if thread is None or not thread.is_alive():
+                return True
+            time.sleep(0.005)
+            return False
+
+        try:
+            through_stops(ended, lambda: _unstick(procs, results))
+        finally:
+            if results is not None:
+                results.close()
 
 
 def _unstick(procs: list[Any], results: Any) -> None:
     """Kill the workers and close this process' end of the result pipe: a worker killed while
     it wrote its result (a decoded piece: megabytes) leaves half a message, and the pool's
     thread, reading the rest, then reads end-of-file instead of waiting forever."""
-    for p in procs:
-        with contextlib.suppress(OSError, ValueError):  # gone, or closed
-            p.kill()
+    _kill(procs)
     writer = getattr(results, "_writer", None)
     with contextlib.suppress(OSError):
         if writer is not None:
             writer.close()
+
+
+def _kill(procs: list[Any]) -> None:
+    for p in procs:
+        with contextlib.suppress(OSError, ValueError):  # gone, or closed
+            p.kill()
 
 
 def worked(pool: ProcessPoolExecutor) -> bool:

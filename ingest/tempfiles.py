@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ranklens.ingest.threads import through_stops
+
 PREFIX = "ranklens-"
 _LOCK = ".owner.lock"
 _STAGING = _LOCK + ".new"
@@ -29,15 +31,12 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
     short: a sharded run's temporary directory holds thousands of shards, and a stop landing
     in its removal left it behind on an exit that reported the cleanup done (3 of 14 double
     Ctrl+C on a 1,024-rank sharded ingest). The stop is raised once the tree is gone."""
-    stop: KeyboardInterrupt | None = None
-    for _ in range(_TRIES):  # each pass removes what it can; errors stay ignored
-        try:
-            shutil.rmtree(path, ignore_errors=True)
-            break
-        except KeyboardInterrupt as exc:  # and lifecycle.Terminated
-            stop = stop or exc
-    if stop is not None:
-        raise stop
+
+    def removed() -> bool:
+        shutil.rmtree(path, ignore_errors=True)  # only a stop raises
+        return True
+
+    through_stops(removed)
 
 
 @contextmanager

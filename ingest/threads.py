@@ -72,6 +72,23 @@ class Helper:
                 self.wait(0.05)
 
 
+def through_stops(step: Callable[[], bool], on_stop: Callable[[], object] = lambda: None) -> None:
+    """Call `step` until it returns True; a Ctrl+C (or lifecycle.Terminated) raised meanwhile
+    calls `on_stop` and is held, then raised once `step` has said done. Why: a cleanup that a
+    second stop cuts short leaves threads, workers or files behind (docs/scale.md, session
+    29): the pools' waits and the temporary trees' removal go through here."""
+    stop: KeyboardInterrupt | None = None
+    while True:
+        try:
+            if step():
+                break
+        except KeyboardInterrupt as exc:
+            stop = stop or exc
+            on_stop()
+    if stop is not None:
+        raise stop
+
+
 def outlast_futures(futures: Iterable[Future[Any]]) -> None:
     """Cancel what has not started and wait, through Ctrl+C too, until every future is done;
     a stop that landed meanwhile is raised then. Why: what a thread pool runs must not outlive
@@ -81,11 +98,4 @@ def outlast_futures(futures: Iterable[Future[Any]]) -> None:
     export). Futures' waits are conditions, not joins: a stop that lands in one changes
     nothing."""
     left = [f for f in futures if not f.cancel()]
-    stop: KeyboardInterrupt | None = None
-    while not all(f.done() for f in left):
-        try:
-            wait(left, timeout=_POLL_S)
-        except KeyboardInterrupt as exc:  # and lifecycle.Terminated
-            stop = stop or exc
-    if stop is not None:
-        raise stop
+    through_stops(lambda: not wait(left, timeout=_POLL_S).not_done)
