@@ -42,8 +42,9 @@ TARGET_SPEEDUP = 10.0
 
 RANKLENS_CHILD = """
 import json, os, sys, time
-from ranklens.ingest.lifecycle import skip_pandas_probe
-skip_pandas_probe()  # as the `ranklens` console script does (cli/entry.py)
+from ranklens.ingest.lifecycle import settle_allocators, skip_pandas_probe
+settle_allocators()  # as the `ranklens` console script does (cli/entry.py)
+skip_pandas_probe()
 from ranklens.ingest import load_traces
 for old in (sys.argv[2], sys.argv[2] + ".wal"):  # each run starts from no database
     if os.path.exists(old):

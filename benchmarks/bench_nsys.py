@@ -62,6 +62,9 @@ _KERNEL_DDL = (
 CHILD = """
 import json, os, resource, sys, time
 from pathlib import Path
+from ranklens.ingest.lifecycle import settle_allocators, skip_pandas_probe
+settle_allocators()  # as the `ranklens` console script does (cli/entry.py)
+skip_pandas_probe()
 t0 = time.perf_counter()
 from ranklens.ingest import communicators, load_traces, loader, nsys
 imports = time.perf_counter() - t0
