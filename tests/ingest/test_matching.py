@@ -8,7 +8,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from kineto_builder import PgConfig
+from kineto_builder import KinetoTrace, PgConfig
 from multirank import gpu_job
 from ranklens.analysis import collectives
 
@@ -104,6 +104,37 @@ def test_trace_window_cut_is_realigned(ingest: Ingest) -> None:
         "SELECT seq, count(*), any_value(status) FROM collectives GROUP BY seq ORDER BY seq"
     ).fetchall()
     assert got == [(0, 1, "incomplete"), (1, 2, "matched"), (2, 2, "matched"), (3, 2, "matched")]
+
+
+def _seq_job(seqs: dict[int, list[int]] | None) -> list[KinetoTrace]:
+    """Two ranks, three all-reduces each, with the `Seq` numbers given per rank (None: none)."""
+    job = gpu_job(2)
+    for k in range(3):
+        job.collective("all_reduce", {0: 100 + 1000 * k, 1: 120 + 1000 * k}, 500 + 1000 * k)
+    for rank, numbers in (seqs or {}).items():
+        kernels = [e for e in job.traces[rank].events if e.get("cat") == "kernel"]
+        for ev, n in zip(sorted(kernels, key=lambda e: e["ts"]), numbers, strict=True):
+            ev["args"]["Seq"] = n
+    return job.traces
+
+
+def test_given_sequence_numbers_win_and_a_repeated_one_is_a_duplicate(ingest: Ingest) -> None:
+    """With the trace's `Seq` on every op, instances follow it, not the ops' order; rank 1
+    giving one number twice is a duplicate (it joined that collective twice), its other
+    instance is short of rank 1. Without `Seq`, the same ops pair by position."""
+    by_seq = ingest(_seq_job({0: [7, 8, 9], 1: [7, 7, 9]}))
+    got = by_seq.execute(
+        "SELECT seq, count(*), count(DISTINCT rank), any_value(status) FROM collectives "
+        "GROUP BY seq ORDER BY seq"
+    ).fetchall()
+    assert got == [(7, 3, 2, "duplicate"), (8, 1, 1, "incomplete"), (9, 2, 2, "matched")]
+    by_order = ingest(_seq_job(None))
+    assert _status(by_order) == {"matched": 6}
+    assert by_order.execute("SELECT DISTINCT seq FROM collectives ORDER BY 1").fetchall() == [
+        (0,),
+        (1,),
+        (2,),
+    ]
 
 
 @pytest.mark.parametrize(
