@@ -1,18 +1,64 @@
-"""The `ranklens` console script. Why a module of its own: the allocators' settings must be in
-the environment before anything imports numpy or pyarrow (lifecycle.settle_allocators), and
-pyarrow's pandas probe settled before the CLI's imports run pyarrow
-(lifecycle.skip_pandas_probe); both only in the console script's process (and its workers),
-never in a session that imports ranklens as a library."""
+"""The `ranklens` console script. Why a module of its own: what must happen before the CLI's
+imports, and only in the console script's process (and its workers), never in a session that
+imports ranklens as a library: the allocators' settings put in the environment before numpy or
+pyarrow is imported (lifecycle.settle_allocators), pyarrow's pandas probe settled
+(lifecycle.skip_pandas_probe), and an ingest's decoding workers' server started so that it
+boots beside those imports (lifecycle.prestart_workers)."""
 
 from __future__ import annotations
 
+import sys
+
+# `ingest`'s options that take a value (tests/cli/test_entry.py checks them against the CLI)
+INGEST_VALUED = frozenset(
+    {
+        "-o",
+        "--output",
+        "--storage",
+        "--engine",
+        "--ray-address",
+        "--workers",
+        "--offsets",
+        "--layout",
+    }
+)
+
 
 def main() -> None:
-    """Settle the allocators and pyarrow's pandas probe, then run the CLI (cli.main.main)."""
-    from ranklens.ingest.lifecycle import settle_allocators, skip_pandas_probe
+    """Settle the process, start an ingest's workers' server, then run the CLI (cli.main)."""
+    from ranklens.ingest.lifecycle import prestart_workers, settle_allocators, skip_pandas_probe
 
     settle_allocators()
     skip_pandas_probe()
+    pooled = pooled_ingest(sys.argv[1:])
+    if pooled is not None:
+        prestart_workers(*pooled)
     from ranklens.cli.main import main as run
 
     run()
+
+
+def pooled_ingest(args: list[str]) -> tuple[list[str], int | None] | None:
+    """(inputs, --workers if given) of an `ingest` whose files local worker processes may
+    decode; None for any other command, --help, --engine ray or a --workers that is not a
+    number. A reading of the command line ahead of the CLI's, for a guess only: the CLI parses
+    it again and checks it."""
+    if not args or args[0] != "ingest":
+        return None
+    inputs: list[str] = []
+    opts: dict[str, str] = {}
+    rest = iter(args[1:])
+    for arg in rest:
+        if arg == "--":
+            inputs += list(rest)
+        elif arg == "--help":
+            return None
+        elif arg.partition("=")[0] in INGEST_VALUED:
+            name, eq, value = arg.partition("=")
+            opts[name] = value if eq else next(rest, "")
+        elif not arg.startswith("-"):
+            inputs.append(arg)
+    workers = opts.get("--workers", "")
+    if opts.get("--engine") == "ray" or not (workers.isdigit() or workers == ""):
+        return None
+    return inputs, int(workers) if workers else None

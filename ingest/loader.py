@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
-from ranklens.ingest import output, post, readers, sanity, shards
+from ranklens.ingest import lifecycle, output, post, readers, sanity, shards
 from ranklens.ingest._model import Batch, Reader
 from ranklens.ingest.config import RunOptions
 from ranklens.ingest.crossrank import check_layout, finish_cross_rank
@@ -41,7 +41,7 @@ __all__ = [
 
 from ranklens import __version__
 
-_SERIAL_BELOW_BYTES = 24 * 1024 * 1024
+_SERIAL_BELOW_BYTES = lifecycle.SERIAL_BELOW_BYTES  # (tests lower it to use the workers)
 
 
 def find_traces(inputs: Sequence[str | os.PathLike[str]]) -> list[str]:

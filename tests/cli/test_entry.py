@@ -1,0 +1,126 @@
+"""The console script starts an ingest's decoding workers' server before its own imports, so
+the two boot side by side (lifecycle.prestart_workers), only for an ingest that will likely use
+workers; its early reading of the command line agrees with the CLI's options."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from ranklens.cli.entry import INGEST_VALUED, pooled_ingest
+from ranklens.cli.main import app
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "megatron_tp2_pp2_dp2" / "raw"
+
+
+def test_the_valued_options_are_the_clis() -> None:
+    cmd = typer.main.get_command(app).commands["ingest"]  # type: ignore[attr-defined]
+    valued = {o for p in cmd.params if not getattr(p, "is_flag", False) for o in p.opts}
+    assert valued - {p.name for p in cmd.params if p.param_type_name == "argument"} == set(
+        INGEST_VALUED
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["ingest", "runs/a", "-o", "a.duckdb"], (["runs/a"], None)),
+        (
+            ["ingest", "-o", "a.duckdb", "x.json", "y.json", "--workers", "4"],
+            (["x.json", "y.json"], 4),
+        ),
+        (["ingest", "--workers=1", "--skip-bad", "d"], (["d"], 1)),
+        (["ingest", "--layout", "tp=2,pp=2", "--no-align", "d", "-o", "o"], (["d"], None)),
+        (["ingest", "--", "-odd-name", "-o"], (["-odd-name", "-o"], None)),
+        (["ingest", "d", "-o", "o", "--engine", "ray"], None),
+        (["ingest", "d", "--engine=local"], (["d"], None)),
+        (["ingest", "d", "--workers", "many"], None),
+        (["ingest", "--help"], None),
+        (["report", "d"], None),
+        ([], None),
+    ],
+)
+def test_reading_an_ingests_command_line(args: list[str], want: object) -> None:
+    assert pooled_ingest(args) == want
+
+
+# The console script's main as the `ranklens` command runs it, after lowering the bytes from
+# which an ingest uses workers (the sample is small) and recording, at the server's start, what
+# the process had imported; then whether the workers decoded (a pool started) and the server ran.
+_CODE = """
+import json, sys
+from multiprocessing import forkserver
+import ranklens.ingest.lifecycle as lifecycle
+import ranklens.ingest.loader as loader
+lifecycle.SERIAL_BELOW_BYTES = 0
+loader._SERIAL_BELOW_BYTES = 0
+seen = {"started_with": None, "pools": 0}
+_start = forkserver.ensure_running
+def ensure_running():
+    if seen["started_with"] is None:
+        seen["started_with"] = sorted(
+            m for m in ("ranklens.cli.main", "ranklens.analysis") if m in sys.modules)
+    _start()
+forkserver.ensure_running = ensure_running
+_pool = lifecycle.worker_pool
+def worker_pool(*a):
+    seen["pools"] += 1
+    return _pool(*a)
+lifecycle.worker_pool = worker_pool
+from ranklens.cli.entry import main
+sys.argv = ["ranklens", "ingest", SAMPLE, "-o", OUT, *EXTRA]
+try:
+    main()
+except SystemExit as stop:
+    assert not stop.code, stop.code
+seen["server"] = forkserver._forkserver._forkserver_pid is not None
+print(json.dumps(seen))
+"""
+
+
+def _console_script(tmp: Path, extra: list[str]) -> dict[str, object]:
+    code = (
+        _CODE.replace("SAMPLE", repr(str(SAMPLE)))
+        .replace("OUT", repr(str(tmp / "r.duckdb")))
+        .replace("EXTRA", repr(extra))
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=os.environ
+    )
+    assert res.returncode == 0, res.stderr
+    assert "ingested 8 rank(s)" in res.stdout
+    got: dict[str, object] = json.loads(res.stdout.strip().splitlines()[-1])
+    return got
+
+
+def test_an_ingest_starts_its_workers_server_before_the_clis_imports(tmp_path: Path) -> None:
+    got = _console_script(tmp_path, ["--workers", "2"])
+    assert got["started_with"] == []  # neither the CLI nor the analyses imported yet
+    assert got["pools"] == 1 and got["server"] is True  # and the workers it served decoded
+
+
+def test_one_worker_starts_no_server(tmp_path: Path) -> None:
+    got = _console_script(tmp_path, ["--workers", "1"])
+    assert got == {"started_with": None, "pools": 0, "server": False}
+
+
+def test_the_inputs_size_guess(tmp_path: Path) -> None:
+    """Directories walked, globs expanded, missing paths worth nothing; the guess stops once
+    the bytes are reached."""
+    from ranklens.ingest.lifecycle import _holds_bytes
+
+    (tmp_path / "run" / "sub").mkdir(parents=True)
+    (tmp_path / "run" / "a.json").write_bytes(b"x" * 600)
+    (tmp_path / "run" / "sub" / "b.json").write_bytes(b"x" * 500)
+    (tmp_path / "c.sqlite").write_bytes(b"x" * 100)
+    run, c = str(tmp_path / "run"), str(tmp_path / "c.sqlite")
+    assert _holds_bytes([run], 1100) and not _holds_bytes([run], 1101)
+    assert _holds_bytes([run, c, str(tmp_path / "missing")], 1200)
+    assert not _holds_bytes([str(tmp_path / "run" / "*.json")], 601)
+    assert _holds_bytes([str(tmp_path / "run" / "**" / "*.json")], 1100)
+    assert not _holds_bytes([], 1)
