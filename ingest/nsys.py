@@ -269,15 +269,12 @@ def _info(
     for t in events:
         if t.column("cat")[0].as_py() != "kernel":
             continue
-        for row in t.group_by("device").aggregate([("device", "count")]).to_pylist():
-            devices[row["device"]] = devices.get(row["device"], 0) + row["device_count"]
-        comm = t.filter(pc.equal(t.column("kind"), "comm"))
-        if (
-            backend is None
-            and comm.num_rows
-            and pc.any(pc.starts_with(comm.column("name").cast(pa.string()), "nccl")).as_py()
-        ):
-            backend = "nccl"
+        for row in pc.value_counts(t.column("device")).to_pylist():
+            devices[row["values"]] = devices.get(row["values"], 0) + row["counts"]
+        if backend is None:  # the comm kernels' names only, not a copy of their rows
+            names = t.column("name").filter(pc.equal(t.column("kind"), "comm"))
+            if len(names) and pc.any(pc.starts_with(names.cast(pa.string()), "nccl")).as_py():
+                backend = "nccl"
     dev = max(devices, key=lambda d: devices[d]) if devices else None
     gpu = meta.gpu(dev, None) if dev is not None else None
     world = nccl.rank_world() if nccl else None
