@@ -141,12 +141,13 @@ class Sink:
         self.rank_of[(trace_id, f"{path}#{len(self.rank_of)}")] = rank
         return rank
 
-    def add_events(self, table: pa.Table, path: str) -> None:
+    def add_events(self, table: pa.Table, path: str, *, pack: bool = True) -> None:
         """Stage a piece of a rank's events (all its rows carry one rank), once every time in
-        it is known to fit (sanity.check_times: an error naming the event otherwise)."""
+        it is known to fit (sanity.check_times: an error naming the event otherwise); `pack`:
+        staging.pack's `compress`."""
         check_times(path, table)
         if table.num_rows:
-            self.add_staged(table["rank"][0].as_py(), staging.pack(table))
+            self.add_staged(table["rank"][0].as_py(), staging.pack(table, compress=pack))
 
     def add_staged(self, rank: int, piece: staging.Piece) -> None:
         """Stage a piece a worker checked and packed (kineto.decode_staged)."""
@@ -248,10 +249,12 @@ class Sink:
     ) -> None:
         """One rank of a file, whole: claimed, its events staged, then written."""
         rank = self.claim(trace_id, path, part)
+        # A large rank is written as soon as it is staged (_write_rank): no packing then.
+        pack = sum(t.num_rows for t in part.events) < SMALL_RANK_ROWS
         n = 0
-        while part.events:  # each table let go once staged (packed: staging.py)
+        while part.events:  # each table let go once staged (staging.py)
             t = with_rank(part.events.pop(0), rank, trace_id)
-            self.add_events(t, path)
+            self.add_events(t, path, pack=pack)
             n += t.num_rows
             del t
         self.finish_part(trace_id, path, fmt, part, rank, n, size=size, sha=sha)

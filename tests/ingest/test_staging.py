@@ -6,7 +6,12 @@ reordered or retyped there would reach the database silently.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import duckdb
 import pyarrow as pa
+import pytest
+from nsys_fixtures import make_kernel_db
 from ranklens.ingest import staging
 
 
@@ -28,9 +33,14 @@ def _piece(n: int, offset: int, dict_names: bool) -> pa.Table:
     )
 
 
-def test_pieces_come_back_whole_and_in_order() -> None:
+@pytest.mark.parametrize("compress", [True, False])
+def test_pieces_come_back_whole_and_in_order(compress: bool) -> None:
+    """Packed, or held as they are (a rank written at once), the same rows come back."""
     tables = [_piece(1000, 0, True), _piece(501, 1000, False), _piece(1, 1501, True)]
-    pieces = [staging.pack(t) for t in tables]
+    pieces = [staging.pack(t, compress=compress) for t in tables]
+    assert all(isinstance(p.packed, pa.Buffer) == compress for p in pieces)
+    others = [f for f in tables[0].schema if f.name not in staging.STEP_COLUMNS]
+    assert list(staging.packed_schema(pieces[0])) == others
     assert [p.rows for p in pieces] == [1000, 501, 1] and {p.trace_id for p in pieces} == {3}
     step = staging.step_table(pieces)
     assert step.column_names == list(staging.STEP_COLUMNS)
@@ -56,3 +66,33 @@ def test_a_table_without_some_step_columns() -> None:
     t = _piece(10, 0, False).drop_columns(["correlation"])
     (got,) = staging.unpack_all([staging.pack(t)])
     assert sorted(got.column_names) == sorted(t.column_names)
+
+
+def test_a_per_file_readers_large_rank_is_held_unpacked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sink.add_part packs a small rank (it may wait for others: sink.SMALL_RANK_ROWS) and
+    holds a large one as it is (written at once); the database gets the same events."""
+    from ranklens.ingest import load_traces
+    from ranklens.ingest import sink as sink_mod
+
+    seen: list[bool] = []
+    real = staging.pack
+
+    def pack(table: pa.Table, *, compress: bool = True) -> staging.Piece:
+        seen.append(compress)
+        return real(table, compress=compress)
+
+    monkeypatch.setattr(staging, "pack", pack)
+    trace = make_kernel_db(tmp_path / "rank0.sqlite", 3000)
+    got = {}
+    for small_rank_rows in (10**9, 1000):  # the rank small, then large
+        seen.clear()
+        monkeypatch.setattr(sink_mod, "SMALL_RANK_ROWS", small_rank_rows)
+        out = tmp_path / f"r{small_rank_rows}.duckdb"
+        load_traces([trace], out, workers=1)
+        assert seen and set(seen) == {small_rank_rows > 3000}
+        con = duckdb.connect(str(out), read_only=True)
+        got[small_rank_rows] = con.execute("SELECT * FROM events ORDER BY ALL").fetchall()
+        con.close()
+    assert len(got[1000]) >= 3000 and got[1000] == got[10**9]
