@@ -209,7 +209,9 @@ def prestart_workers(inputs: list[str], workers: int | None) -> bool:
     came in front of the first file, with the other core idle; begun here it runs beside the
     console script's imports (~0.4 s of one core). 8 x 60 MB with 2 workers: traces stage
     2.1-2.2 -> 1.9-2.0 s, the whole command 7.5-7.8 -> 7.0-7.2 s. Its preload, the rank task,
-    imports what every pool's workers need (the Kineto scheduler's included)."""
+    imports what every pool's workers need (the Kineto scheduler's included). A guess (it does
+    not read [tool.ranklens] workers): a server started for nothing costs its boot on a core
+    the imports leave idle, and exits with the process."""
     n = workers if workers is not None else min(os.cpu_count() or 1, 8)
     if n < 2 or not _holds_bytes(inputs, SERIAL_BELOW_BYTES):
         return False
