@@ -7,7 +7,9 @@ boots beside those imports (lifecycle.prestart_workers)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from typing import NoReturn
 
 # `ingest`'s options that take a value (tests/cli/test_entry.py checks them against the CLI)
 INGEST_VALUED = frozenset(
@@ -26,16 +28,30 @@ INGEST_VALUED = frozenset(
 
 def main() -> None:
     """Settle the process, start an ingest's workers' server, then run the CLI (cli.main)."""
-    from ranklens.ingest.lifecycle import prestart_workers, settle_allocators, skip_pandas_probe
+    try:
+        from ranklens.ingest.lifecycle import (
+            prestart_workers,
+            settle_allocators,
+            skip_pandas_probe,
+        )
 
-    settle_allocators()
-    skip_pandas_probe()
-    pooled = pooled_ingest(sys.argv[1:])
-    if pooled is not None:
-        prestart_workers(*pooled)
-    from ranklens.cli.main import main as run
-
+        settle_allocators()
+        skip_pandas_probe()
+        pooled = pooled_ingest(sys.argv[1:])
+        if pooled is not None:
+            prestart_workers(*pooled)
+        from ranklens.cli.main import main as run
+    except KeyboardInterrupt:
+        _interrupted()
     run()
+
+
+def _interrupted() -> NoReturn:
+    """A Ctrl+C while the command loads (~0.5 s of imports, before the CLI can say it itself):
+    the CLI's word and exit code, not a traceback from inside an import."""
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.stderr.write("interrupted\n")
+    sys.exit(130)
 
 
 def pooled_ingest(args: list[str]) -> tuple[list[str], int | None] | None:
