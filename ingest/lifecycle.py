@@ -179,7 +179,7 @@ def settle_allocators() -> None:
     huge pages, while each huge page's first touch zeroes 2 MB. On a virtual machine whose
     memory the host backs on demand (a cloud VM, this one) that zeroing was 12% of the 5 M-kernel
     Nsight ingest's CPU (perf: clear_page_erms under do_huge_pmd_anonymous_page, reached from
-    numpy's and mimalloc's fresh buffers): 9.6-10.0 -> 8.9-9.3 CPU-s, 5.5-5.9 -> 5.2-5.5 s.
+    numpy's and mimalloc's fresh buffers): 9.2-10.1 -> 8.9-9.5 CPU-s, 5.5-6.0 -> 5.2-5.7 s.
     OpenBLAS' threads spun after numpy's few small dot products (1% of the CPU); ranklens runs
     no BLAS work worth a thread."""
     for name, value in ALLOCATOR_DEFAULTS.items():
