@@ -5,7 +5,8 @@ last piece is decoded. Holding every column of every piece until then made the s
 largest part of an ingest's peak memory (~140 bytes a row, most of it 8-byte columns that are
 largely null). The step assignment reads six columns, kept as they are; the others are kept as
 LZ4-compressed Arrow IPC (a few times smaller, and fast to pack and unpack) and unpacked one
-piece at a time as the piece is written (steps.write_rank).
+piece at a time as the piece is written (steps.write_rank). A rank written the moment it is
+staged, whose events were all in memory anyway, is held as it is (pack's `compress`).
 """
 
 from __future__ import annotations
