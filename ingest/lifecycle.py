@@ -216,7 +216,10 @@ def prestart_workers(inputs: list[str], workers: int | None) -> bool:
     if n < 2 or not _holds_bytes(inputs, SERIAL_BELOW_BYTES):
         return False
     _set_preload("ranklens.ingest.rank_task")
-    forkserver.ensure_running()  # spawns the server and returns: it imports on its own
+    try:
+        forkserver.ensure_running()  # spawns the server and returns: it imports on its own
+    except OSError:  # no socket or process to spare: the ingest's own pool says so, or not
+        return False
     return True
 
 

@@ -143,3 +143,21 @@ def test_a_ctrl_c_while_the_command_loads_is_no_traceback() -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 130, res.stderr
     assert res.stderr.strip() == "interrupted" and "Traceback" not in res.stderr
+
+
+def test_a_server_that_cannot_start_early_is_left_to_the_ingest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine out of sockets or processes at that moment: no error before the CLI runs (the
+    ingest's own pool starts it, or reports why it cannot)."""
+    from multiprocessing import forkserver
+
+    from ranklens.ingest import lifecycle
+
+    def refuse() -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(forkserver, "ensure_running", refuse)
+    (tmp_path / "big.json").write_bytes(b"x" * 64)
+    monkeypatch.setattr(lifecycle, "SERIAL_BELOW_BYTES", 10)
+    assert lifecycle.prestart_workers([str(tmp_path / "big.json")], 2) is False
