@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import glob
 import os
 import signal
 import sys
@@ -27,6 +26,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from ranklens.ingest.errors import RanklensError
+from ranklens.ingest.inputs import scan_inputs
 from ranklens.ingest.threads import through_stops
 
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, what shells report for a SIGTERM'd process
@@ -224,19 +225,18 @@ def prestart_workers(inputs: list[str], workers: int | None) -> bool:
 
 
 def _holds_bytes(inputs: list[str], least: int) -> bool:
-    """Whether the files `inputs` name (directories walked, globs expanded) hold `least` bytes:
-    a guess, counting any file, stopping as soon as it is reached."""
+    """Whether the files `inputs` name (as the loader expands them, any suffix) hold `least`
+    bytes: a guess, stopping as soon as it is reached."""
+    try:
+        files = scan_inputs(inputs, ("",)).files
+    except RanklensError:  # nothing there: the CLI says so
+        return False
     total = 0
-    for item in inputs:
-        paths = glob.glob(item, recursive=True) if any(c in item for c in "*?[") else [item]
-        for path in paths:
-            walked = os.walk(path) if os.path.isdir(path) else [("", [], [path])]
-            for root, _dirs, names in walked:
-                for name in names:
-                    with contextlib.suppress(OSError):
-                        total += os.stat(os.path.join(root, name)).st_size
-                    if total >= least:
-                        return True
+    for path in files:
+        with contextlib.suppress(OSError):
+            total += os.stat(path).st_size
+        if total >= least:
+            return True
     return False
 
 

@@ -41,8 +41,6 @@ __all__ = [
 
 from ranklens import __version__
 
-_SERIAL_BELOW_BYTES = lifecycle.SERIAL_BELOW_BYTES  # (tests lower it to use the workers)
-
 
 def find_traces(inputs: Sequence[str | os.PathLike[str]]) -> list[str]:
     """Expand directories, globs and files into a sorted list of trace files."""
@@ -207,7 +205,7 @@ def _ingest(
     n = how.workers if how.workers is not None else min(os.cpu_count() or 1, 8)
     batches: list[tuple[Reader, Batch]] = []
     for reader, mine in routed:  # trace ids in READERS order
-        big = sum(file_size(f) for f in mine) >= _SERIAL_BELOW_BYTES
+        big = sum(file_size(f) for f in mine) >= lifecycle.SERIAL_BELOW_BYTES
         tids = list(enumerate(mine, start=sum(len(b.files) for _r, b in batches)))
         batches.append((reader, Batch(sink, tids, n if big else 1, str(scratch), file_done)))
     # Per-file readers first, then those scheduling their own workers (the order ingest always

@@ -249,13 +249,11 @@ class Sink:
     ) -> None:
         """One rank of a file, whole: claimed, its events staged, then written."""
         rank = self.claim(trace_id, path, part)
-        # A large rank is written as soon as it is staged (_write_rank): no packing then.
-        pack = sum(t.num_rows for t in part.events) < SMALL_RANK_ROWS
-        n = 0
+        n = sum(t.num_rows for t in part.events)
+        pack = n < SMALL_RANK_ROWS  # a large rank is written at once (_write_rank): no packing
         while part.events:  # each table let go once staged (staging.py)
             t = with_rank(part.events.pop(0), rank, trace_id)
             self.add_events(t, path, pack=pack)
-            n += t.num_rows
             del t
         self.finish_part(trace_id, path, fmt, part, rank, n, size=size, sha=sha)
 

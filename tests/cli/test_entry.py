@@ -56,9 +56,7 @@ _CODE = """
 import json, sys
 from multiprocessing import forkserver
 import ranklens.ingest.lifecycle as lifecycle
-import ranklens.ingest.loader as loader
 lifecycle.SERIAL_BELOW_BYTES = 0
-loader._SERIAL_BELOW_BYTES = 0
 seen = {"started_with": None, "pools": 0}
 _start = forkserver.ensure_running
 def ensure_running():

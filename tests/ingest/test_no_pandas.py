@@ -59,9 +59,8 @@ def test_the_console_script_never_imports_pandas(tmp_path: Path) -> None:
 # The sample is small enough to be decoded in-process: these make the ingest use its workers
 # and print how many processes the pool started.
 _POOLED = (
-    "import ranklens.ingest.loader as loader\n"
     "import ranklens.ingest.lifecycle as lifecycle\n"
-    "loader._SERIAL_BELOW_BYTES = 0\n"
+    "lifecycle.SERIAL_BELOW_BYTES = 0\n"
     "_real = lifecycle.worker_pool\n"
     "pools = []\n"
     "def _pool(*a):\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ranklens.ingest import kineto_schedule, lifecycle, loader
+from ranklens.ingest import kineto_schedule, lifecycle
 from ranklens.ingest.loader import load_traces
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "megatron_tp2_pp2_dp2" / "raw"
@@ -34,7 +34,7 @@ def test_workers_are_gone_before_the_last_rank_is_written(
         alive.append(sum(p.is_alive() for p in procs.values()))
         real_finish(*a, **k)
 
-    monkeypatch.setattr(loader, "_SERIAL_BELOW_BYTES", 0)  # the sample is small: use the pool
+    monkeypatch.setattr(lifecycle, "SERIAL_BELOW_BYTES", 0)  # the sample is small: use the pool
     monkeypatch.setattr(lifecycle, "worker_pool", pool)
     monkeypatch.setattr(kineto_schedule, "_finish_file", finish)
     rep = load_traces([str(SAMPLE)], tmp_path / "r.duckdb", workers=2)
