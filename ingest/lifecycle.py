@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from multiprocessing import forkserver, get_context
 from multiprocessing.context import BaseContext
@@ -292,6 +293,20 @@ class _WorkerPool(ProcessPoolExecutor):
             elif time.monotonic() - dead_since >= _STUCK_S and not self._closing:
                 self._unstick()
                 return
+
+    def _spawn_process(self) -> None:
+        """Start a worker; one that cannot start breaks the pool as a worker's death does.
+        Why: a worker killed between its fork and the task the pool then writes it (the OOM
+        killer, 1 in 6 kills of a new worker in a test) made Python's submit raise
+        BrokenPipeError with the pool unbroken: the task was queued all the same, the next
+        submit started another worker, and the ingest either went on or took the pipe's error
+        for the file's own (a file error, or one skipped under --skip-bad)."""
+        try:
+            super()._spawn_process()  # type: ignore[misc]
+        except (OSError, EOFError) as exc:  # the new worker's pipe, or the server, is gone
+            why = f"a worker process died as it started ({exc!r})"
+            self._broken = why  # type: ignore[assignment]  # (typeshed: bool; Python: the cause)
+            raise BrokenProcessPool(why) from exc
 
     def _processes_now(self) -> list[Any]:
         with contextlib.suppress(RuntimeError):  # the pool's thread changed the dict

@@ -5,12 +5,15 @@ ingest's memory peak, and idle workers still hold ~60-80 MB each of what they de
 from __future__ import annotations
 
 import os
+import signal
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from multiprocessing import forkserver
 from typing import Any
 
 import pytest
 from ranklens.ingest import kineto_schedule, lifecycle
+from ranklens.ingest.errors import WorkerDied
 from ranklens.ingest.loader import load_traces
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "megatron_tp2_pp2_dp2" / "raw"
@@ -72,3 +75,54 @@ def test_a_worker_killed_while_it_sends_breaks_the_pool() -> None:
                 p.kill()
             pool._result_queue._writer.close()  # type: ignore[attr-defined]
         pool.shutdown(wait=True)
+
+
+def _kill_each_new_worker(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every worker the pool starts is SIGKILLed after its fork, before the pool writes it its
+    task: what the OOM killer does to a worker that is starting. The pids killed."""
+    real = forkserver.connect_to_new_process
+    killed: list[int] = []
+
+    def connect(fds: Any) -> Any:
+        sentinel, w = real(fds)
+        pid = forkserver.read_signed(sentinel)
+        os.kill(pid, signal.SIGKILL)
+        forkserver.read_signed(sentinel)  # its exit status, from the server: it is gone
+        killed.append(pid)
+        return sentinel, w
+
+    monkeypatch.setattr(forkserver, "connect_to_new_process", connect)
+    return killed
+
+
+def test_a_worker_killed_as_it_starts_breaks_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python's pool raised BrokenPipeError from submit, unbroken: the next submit started
+    another worker (the ingest went on as if nothing happened) and the pipe's error could be
+    taken for a file's. Now the pool is broken, as for any dead worker, and stays so."""
+    pool = lifecycle.worker_pool(2, "ranklens.ingest.lifecycle")
+    try:
+        killed = _kill_each_new_worker(monkeypatch)
+        with pytest.raises(BrokenProcessPool, match="died as it started"):
+            pool.submit(int)
+        assert len(killed) == 1
+        monkeypatch.undo()  # workers would start now: the pool must not start one
+        with pytest.raises(BrokenProcessPool):
+            pool.submit(int)
+        assert not pool._processes  # type: ignore[attr-defined]
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def test_an_ingest_whose_worker_is_killed_as_it_starts_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the Kineto scheduler (whose pool starts while the first file is read here):
+    the worker's death, not the file's, and no output."""
+    monkeypatch.setattr(lifecycle, "SERIAL_BELOW_BYTES", 0)  # the sample is small: use the pool
+    killed = _kill_each_new_worker(monkeypatch)
+    out = tmp_path / "r.duckdb"
+    with pytest.raises(WorkerDied) as err:
+        load_traces([str(SAMPLE)], out, workers=2)
+    assert killed and "worker process died" in err.value.message, err.value.message
+    assert "fewer --workers" in err.value.hint
+    assert not out.exists()

@@ -156,7 +156,8 @@ def test_a_killed_worker_is_a_clear_error(
     """The kernel's OOM killer takes a worker: the ingest ends with `error:` and `hint:`
     (fewer --workers), exit 1, no traceback, no output and no process left, whichever call
     of the pool sees it first. It hung: the pool stops the workers left with SIGTERM, which
-    they ignore; or it was an internal error when the next file's preparation saw it."""
+    they ignore; or it was an internal error when the next file's preparation saw it; or, for
+    a worker killed as it started (1 in 6 kills at first sight, CI), it went on unbroken."""
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     args = ["ingest", str(four_ranks), "-o", "o.duckdb", "--workers", "2", "--storage", storage]
