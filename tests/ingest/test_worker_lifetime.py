@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import signal
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 from multiprocessing import forkserver
+from pathlib import Path
 from typing import Any
 
 import pytest
