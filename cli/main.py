@@ -221,7 +221,7 @@ def demo(
 @run_options
 def dashboard(
     source: SourceArg,
-    port: Annotated[int, typer.Option(help="Port to serve on.")] = 8050,
+    port: Annotated[int, typer.Option(help="Port to serve on (0: any free one).")] = 8050,
     host: Annotated[
         str, typer.Option(help="Interface to bind; 127.0.0.1 keeps it to this machine.")
     ] = "127.0.0.1",

@@ -1,8 +1,9 @@
 """Serve the dashboard for a run given as a database or as trace files.
 
-Why here and not in the CLI: the CLI stays a thin narrator; this reads (or computes) the
-analyses before the port opens, renders the first page as it opens (while the browser loads
-the page's scripts) and the other pages after (Warmer). The run is opened like every other
+Why here and not in the CLI: the CLI stays a thin narrator; this holds the port first (a
+taken one is an error before any work: dashboards.port), reads (or computes) the analyses,
+renders the first page as it is served (while the browser loads the page's scripts) and the
+other pages after (Warmer). The run is opened like every other
 command's (ingest.run.open_run: the same options, the same temporary ingest, removed when the
 server stops, also on SIGTERM since the entry point turns it into an exception).
 """
@@ -21,6 +22,7 @@ from ranklens.analysis.check_config import CheckConfig
 from ranklens.dashboards.app import create_app, page_paths, warm_pages
 from ranklens.dashboards.data import RunData
 from ranklens.dashboards.data_compare import Baseline, comparison
+from ranklens.dashboards.port import Port
 from ranklens.ingest.run import OpenOptions, open_run
 from ranklens.ingest.threads import Helper
 
@@ -35,16 +37,18 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8050,
     log: Callable[[str], None] = print,
-    debug: bool = False,
     baseline: str | None = None,
     check_config: CheckConfig | None = None,
 ) -> None:
-    """Ingest if needed, analyze, and serve until interrupted (127.0.0.1 unless told).
+    """Hold the port, ingest if needed, analyze, and serve until interrupted (127.0.0.1 unless
+    told; port 0: any free one).
     `baseline`: a second run (database or traces, opened the same way, read-only) that the
     compare page sets the first against, judged with `check_config` (run_compare.baseline_config
     of `dashboard --config/--max-regression`, so the page says what `check` would; None:
     ./pyproject.toml's thresholds)."""
     with ExitStack() as stack:
+        held = Port(host, port)
+        stack.callback(held.close)
         run = stack.enter_context(open_run(source, options))
         data = RunData(run.db_path)  # its own sandboxed connections: see Run
         stack.callback(data.close)
@@ -56,10 +60,11 @@ def serve(
         log("analyzing the run ...")
         data.report()  # stored by ingest: read back, else computed now
         app = create_app(run.db_path, data=data, baseline=base)
-        rest = Warmer(app, data, base)  # the first page as the port opens, then the others
+        app.enable_dev_tools(debug=False)  # what Dash's own `run` sets up (no dev tools)
+        rest = Warmer(app, data, base)  # the first page as it is served, then the others
         stack.callback(rest.stop)  # before the run is closed (callbacks run last-in first)
-        log(f"ranklens dashboard on http://{host}:{port}/  (Ctrl+C to stop)")
-        app.run(host=host, port=port, debug=debug, use_reloader=False)
+        log(f"ranklens dashboard on {held.url}  (Ctrl+C to stop)")
+        held.serve(app.server)
 
 
 class Warmer:

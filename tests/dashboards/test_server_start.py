@@ -61,8 +61,8 @@ def test_first_page_ready_at_start_and_the_rest_warmed_from_stored_results(
 
     monkeypatch.setattr(server, "warm_pages", warm)
 
-    def run(self: dash.Dash, **_: Any) -> None:
-        with self.server.test_request_context("/"):
+    def run(self: server.Port, wsgi_app: Any) -> None:
+        with wsgi_app.test_request_context("/"):
             data = current()
             end = time.monotonic() + 120
             want = {
@@ -74,8 +74,8 @@ def test_first_page_ready_at_start_and_the_rest_warmed_from_stored_results(
             seen["want"] = want
             seen["base"] = data._cache.get("timeline_base")
 
-    monkeypatch.setattr(dash.Dash, "run", run)
-    server.serve([str(stored)], log=lambda _: None)
+    monkeypatch.setattr(server.Port, "serve", run)
+    server.serve([str(stored)], port=0, log=lambda _: None)
     assert seen["at_port"] == set()  # the port opens without waiting for a page
     assert order[0] == ["/"] and ["/"] not in order[1:]  # the first page first, once
     assert seen["warmed"] == seen["want"] and len(seen["want"]) >= 5
@@ -102,8 +102,8 @@ def test_the_warmer_stops_before_the_run_is_closed(
         threads.append(self)
 
     monkeypatch.setattr(server.Warmer, "__init__", init)
-    monkeypatch.setattr(dash.Dash, "run", lambda self, **_: None)  # Ctrl+C at once
-    server.serve([str(stored)], log=lambda _: None)
+    monkeypatch.setattr(server.Port, "serve", lambda self, _app: None)  # Ctrl+C at once
+    server.serve([str(stored)], port=0, log=lambda _: None)
     assert len(threads) == 1 and not threads[0]._helper.running
 
 

@@ -1,0 +1,95 @@
+"""The dashboard's port: held before the run is read, then served without a word per request.
+
+Why: a port is what a second `ranklens dashboard` cannot have while the first still serves
+on the default one, and it was found only after the run had been read (minutes when traces
+are ingested), after the URL had been printed as if it were served, and told in werkzeug's
+words (exit 1, no `error:` or `hint:`). Held first, a port that is taken is a ranklens error
+before any work. Served through werkzeug's server directly, not Flask's `run`: no
+development-server banner and no log line for each request (dozens a page view) on the
+user's terminal, and no `.env` read from the working directory (Flask's run loads one).
+Held early, the port also queues a browser that connects before the run is ready.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import socketserver
+from typing import Any
+
+from ranklens.ingest.errors import RanklensError
+from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """werkzeug's handler without its line per request (errors are still logged)."""
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        return None
+
+
+class Port:
+    """A listening socket on (host, port), then a threaded WSGI server on it; port 0 takes
+    any free port (`number` says which). Raises RanklensError when the port cannot be had."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self._app: Any = None
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        if not 0 <= port <= 65535:  # (bind's OverflowError would leave its socket open)
+            raise port_error(host, port, OverflowError(port))
+        try:
+            held = socket.create_server((host, port), family=family)  # SO_REUSEADDR, as before
+        except OSError as exc:
+            raise port_error(host, port, exc) from None
+        try:
+            self._server: BaseWSGIServer = make_server(
+                host, port, self._call, threaded=True, request_handler=_QuietHandler,
+                fd=held.fileno(),
+            )  # fmt: skip
+        finally:
+            held.close()  # the server holds its own duplicate of the socket
+        self.number = int(self._server.socket.getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.number}/"
+
+    def serve(self, wsgi_app: Any) -> None:
+        """Serve `wsgi_app` until interrupted. The interrupt goes on to the caller (the command
+        ends "interrupted", as every other does): werkzeug's own serve_forever swallows it."""
+        self._app = wsgi_app
+        socketserver.BaseServer.serve_forever(self._server)
+
+    def close(self) -> None:
+        self._server.server_close()
+
+    def _call(self, environ: Any, start_response: Any) -> Any:
+        return self._app(environ, start_response)
+
+
+def port_error(host: str, port: int, exc: BaseException) -> RanklensError:
+    """What a user reads when (host, port) cannot be listened on, and what to do."""
+    code = getattr(exc, "errno", None)
+    if isinstance(exc, OverflowError) or not 0 <= port <= 65535:
+        return RanklensError(
+            f"--port {port} is not a port number", "--port takes 1 to 65535 (0: any free port)"
+        )
+    if code == errno.EADDRINUSE:
+        return RanklensError(
+            f"port {port} on {host} is in use (another ranklens dashboard, or another program)",
+            f"stop it, or serve on another port: --port {port + 1 if port < 65535 else 8050} "
+            "(--port 0 takes any free one)",
+        )
+    if code == errno.EACCES:
+        return RanklensError(
+            f"not allowed to open port {port} on {host}",
+            "ports below 1024 need privileges: use --port 8050 (the default) or another above 1024",
+        )
+    why = str(getattr(exc, "strerror", None) or exc).split(" (while attempting")[0]
+    return RanklensError(
+        f"cannot serve on {host} port {port}: {why}",
+        "--host takes an address of this machine: 127.0.0.1 (the default: this machine only) "
+        "or 0.0.0.0 (every interface)",
+    )
