@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import dash
 import duckdb
 import pytest
 from ranklens.analysis import baseline as baseline_mod
@@ -170,13 +169,13 @@ def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[run_compare.Compari
     monkeypatch.setattr(server.Warmer, "__init__", lambda self, *a: None)
     monkeypatch.setattr(server.Warmer, "stop", lambda self: None)
 
-    def run(self: dash.Dash, **_: Any) -> None:
-        with self.server.test_request_context(compare.PATH):
+    def run(self: server.Port, wsgi_app: Any) -> None:
+        with wsgi_app.test_request_context(compare.PATH):
             base = dc.baseline()
             assert base is not None
             seen.append(dc.comparison(current(), base))
 
-    monkeypatch.setattr(dash.Dash, "run", run)
+    monkeypatch.setattr(server.Port, "serve", run)
     yield seen
 
 
@@ -194,7 +193,7 @@ def test_dashboard_thresholds_are_checks(
     conf.write_text('[check]\nmax_regression = "50%"\nmax_idle = 0.99\n')
     for args in (["--max-regression", limit], ["--config", str(conf), "--max-regression", limit]):
         said, doc = _check(runs["bubbly"], runs["base"], *args)
-        res = runner.invoke(cli, ["dashboard", cur, "--baseline", base, *args])
+        res = runner.invoke(cli, ["dashboard", cur, "--port", "0", "--baseline", base, *args])
         assert res.exit_code == 0, res.output
         cmp = served.pop()
         assert said == code == cmp.exit_code
@@ -204,7 +203,9 @@ def test_dashboard_thresholds_are_checks(
         return
     # the file alone: its 50% passes, and its max_idle is judged on the page as in check
     said, doc = _check(runs["bubbly"], runs["base"], "--config", str(conf))
-    assert runner.invoke(cli, ["dashboard", cur, "--baseline", base, "--config", str(conf)])
+    assert runner.invoke(
+        cli, ["dashboard", cur, "--port", "0", "--baseline", base, "--config", str(conf)]
+    )
     cmp = served.pop()
     assert said == 0 == cmp.exit_code and {v.name for v in cmp.verdicts} == {
         "max_idle",
