@@ -7,17 +7,25 @@ words (exit 1, no `error:` or `hint:`). Held first, a port that is taken is a ra
 before any work. Served through werkzeug's server directly, not Flask's `run`: no
 development-server banner and no log line for each request (dozens a page view) on the
 user's terminal, and no `.env` read from the working directory (Flask's run loads one).
-Held early, the port also queues a browser that connects before the run is ready.
+Held early, the port also queues a browser that connects before the run is ready. Stopped
+(Ctrl+C, SIGTERM), it answers no new request and lets those being answered end before the run
+they read is closed: closed under them, a query raised in its thread (a traceback on the
+user's terminal) or DuckDB aborted the process at exit ("FATAL: exception not rethrown"; 3
+of 7 stops while the browser loaded the timeline).
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 import socketserver
+import threading
+import time
 from typing import Any
 
 from ranklens.ingest.errors import RanklensError
+from ranklens.ingest.threads import through_stops
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 
@@ -28,6 +36,9 @@ class _QuietHandler(WSGIRequestHandler):
         return None
 
 
+STOP_WAIT_S = 10.0  # at most this long for the requests being answered when the server stops
+
+
 class Port:
     """A listening socket on (host, port), then a threaded WSGI server on it; port 0 takes
     any free port (`number` says which). Raises RanklensError when the port cannot be had."""
@@ -35,6 +46,9 @@ class Port:
     def __init__(self, host: str, port: int) -> None:
         self.host = host
         self._app: Any = None
+        self._busy = 0  # requests being answered
+        self._stopping = False
+        self._cond = threading.Condition()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         if not 0 <= port <= 65535:  # (bind's OverflowError would leave its socket open)
             raise port_error(host, port, OverflowError(port))
@@ -57,16 +71,46 @@ class Port:
         return f"http://{host}:{self.number}/"
 
     def serve(self, wsgi_app: Any) -> None:
-        """Serve `wsgi_app` until interrupted. The interrupt goes on to the caller (the command
-        ends "interrupted", as every other does): werkzeug's own serve_forever swallows it."""
+        """Serve `wsgi_app` (a Flask app: its error log is kept quiet once stopping) until
+        interrupted. The interrupt goes on to the caller (the command ends "interrupted", as
+        every other does): werkzeug's own serve_forever swallows it."""
         self._app = wsgi_app
+        log: logging.Logger | None = getattr(wsgi_app, "logger", None)
+        if log is not None:
+            log.addFilter(lambda _record: not self._stopping)
         socketserver.BaseServer.serve_forever(self._server)
+
+    def stop(self, within: float = STOP_WAIT_S) -> bool:
+        """Answer no new request (503) and wait, at most `within` s and through a second
+        Ctrl+C, for those being answered; whether they all ended. Before the run is closed."""
+        with self._cond:
+            self._stopping = True
+        deadline = time.monotonic() + within
+
+        def ended() -> bool:
+            with self._cond:
+                if self._busy:
+                    self._cond.wait(min(0.1, max(deadline - time.monotonic(), 0.0)))
+                return not self._busy or time.monotonic() >= deadline
+
+        through_stops(ended)
+        return not self._busy
 
     def close(self) -> None:
         self._server.server_close()
 
     def _call(self, environ: Any, start_response: Any) -> Any:
-        return self._app(environ, start_response)
+        with self._cond:
+            if self._stopping:
+                start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [b"the ranklens dashboard is stopping\n"]
+            self._busy += 1
+        try:
+            return self._app(environ, start_response)
+        finally:
+            with self._cond:
+                self._busy -= 1
+                self._cond.notify_all()
 
 
 def port_error(host: str, port: int, exc: BaseException) -> RanklensError:

@@ -63,6 +63,7 @@ def serve(
         app.enable_dev_tools(debug=False)  # what Dash's own `run` sets up (no dev tools)
         rest = Warmer(app, data, base)  # the first page as it is served, then the others
         stack.callback(rest.stop)  # before the run is closed (callbacks run last-in first)
+        stack.callback(held.stop)  # first: no new request, and those in flight end
         log(f"ranklens dashboard on {held.url}  (Ctrl+C to stop)")
         held.serve(app.server)
 

@@ -1,7 +1,8 @@
 """`ranklens dashboard`'s port (dashboards.port): held before the run is read, so a port in use
 is an `error:` with a `hint:` before any work (it was found after the analysis, after the URL
 had been printed as if served, in werkzeug's words); served without werkzeug's and Flask's
-banners or a log line per request; Ctrl+C and SIGTERM end it as before."""
+banners or a log line per request; Ctrl+C and SIGTERM end it as before, once the requests
+being answered have ended (the run was closed under them: a traceback, or DuckDB's abort)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import flask
 import pytest
 from ranklens.dashboards import server
 from ranklens.dashboards.port import Port
@@ -61,6 +65,58 @@ def test_port_0_takes_a_free_port_and_says_which() -> None:
         with socket.create_connection(("127.0.0.1", held.number), timeout=5):
             pass  # listening (queued) before it serves
     finally:
+        held.close()
+
+
+def test_a_stop_waits_for_the_requests_being_answered(caplog: pytest.LogCaptureFixture) -> None:
+    """A request being answered when the server stops (its query reading the run, which is
+    closed next) ends first; a new one is refused (503); what the first raises as the run
+    closes is not logged, while an error before the stop is."""
+    entered, release = threading.Event(), threading.Event()
+    app = flask.Flask("port_stop_test")
+
+    @app.route("/boom")
+    def boom() -> str:
+        raise RuntimeError("an error before the stop")
+
+    @app.route("/slow")
+    def slow() -> str:
+        entered.set()
+        release.wait(60)
+        raise RuntimeError("the run was closed under this query")
+
+    held = Port("127.0.0.1", 0)
+    threading.Thread(target=held.serve, args=(app,), daemon=True).start()
+    codes: dict[str, int] = {}
+
+    def ask(path: str) -> None:
+        try:
+            urllib.request.urlopen(held.url + path, timeout=60)
+        except urllib.error.HTTPError as exc:
+            codes[path] = exc.code
+
+    try:
+        ask("boom")
+        assert codes["boom"] == 500 and "Exception on /boom" in caplog.text
+        asker = threading.Thread(target=ask, args=("slow",))
+        asker.start()
+        assert entered.wait(60)
+        stopped: list[bool] = []
+        stopping = threading.Thread(target=lambda: stopped.append(held.stop(within=60)))
+        stopping.start()
+        while not held._stopping:
+            time.sleep(0.01)
+        ask("late")
+        assert codes["late"] == 503
+        assert stopping.is_alive() and not stopped  # still waiting for /slow
+        release.set()
+        stopping.join(60)
+        asker.join(60)
+        assert stopped == [True] and codes["slow"] == 500
+        assert "Exception on /slow" not in caplog.text
+    finally:
+        release.set()
+        held._server.shutdown()
         held.close()
 
 
