@@ -15,6 +15,7 @@ timestamps; ~0.25 µs for absolute-epoch µs with decimals, which old traces do 
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import mmap
 import os
@@ -172,6 +173,8 @@ def _locate_checked(path: str, mm: mmap.mmap, piece_bytes: int) -> Located:
             raise _not_a_trace(path, f"not a Kineto trace: {exc}") from None
         raise _fail(path, f"not a Kineto trace: {exc}") from None
     except msgspec.DecodeError as exc:
+        if (bad := _invalid_utf8(mm, exc)) is not None:
+            raise _fail(path, f"invalid UTF-8 at byte {bad}") from None
         raise _fail(path, f"not valid JSON: {exc}") from None
     except UnicodeDecodeError as exc:
         raise _fail(path, f"invalid UTF-8 at byte {_utf8_error_at(mm, exc, 0)}") from None
@@ -305,7 +308,10 @@ def decode_piece(
                     hi = prep.pieces[index + consumed][1]
                     consumed += 1
                     continue
-                bad = _utf8_error_at(mm, exc, lo, hi) if isinstance(exc, UnicodeDecodeError) else lo
+                if isinstance(exc, UnicodeDecodeError):
+                    bad: int | None = _utf8_error_at(mm, exc, lo, hi)
+                else:
+                    bad = _invalid_utf8(mm, exc, lo, hi)
                 raise _decode_error(prep.path, exc, lo, bad) from None
     table, threads, groups = columns(
         prep.path, prep.has_device, prep.info.get("backend"), prep.base_ns, events, rank, trace_id
@@ -333,8 +339,32 @@ def _utf8_error_at(buf: mmap.mmap, exc: UnicodeDecodeError, lo: int, hi: int = -
     return (at if at >= 0 else lo) + exc.start
 
 
-def _decode_error(path: str, exc: Exception, offset: int, bad_byte: int) -> TraceFormatError:
-    if isinstance(exc, UnicodeDecodeError):
+_UTF8_CHUNK = 16 << 20
+
+
+def _invalid_utf8(buf: mmap.mmap, exc: Exception, lo: int = 0, hi: int = -1) -> int | None:
+    """File offset of the first byte of buf[lo:hi] that is not UTF-8, when msgspec's error
+    `exc` says the text is not; else None. Why: msgspec 0.23 says "Invalid UTF-8 encoded
+    string" with no position (up to 0.22 it raised UnicodeDecodeError with one). The error
+    path only, 16 MB at a time (a whole file decoded at once would be a str of its size)."""
+    if "utf-8" not in str(exc).lower():
+        return None
+    end = len(buf) if hi < 0 else hi
+    dec = codecs.getincrementaldecoder("utf-8")()
+    pos = lo
+    while pos < end:
+        chunk = buf[pos : min(pos + _UTF8_CHUNK, end)]
+        pending = len(dec.getstate()[0])  # a character cut by the previous chunk
+        try:
+            dec.decode(chunk, final=pos + len(chunk) >= end)
+        except UnicodeDecodeError as err:
+            return pos - pending + err.start
+        pos += len(chunk)
+    return None
+
+
+def _decode_error(path: str, exc: Exception, offset: int, bad_byte: int | None) -> TraceFormatError:
+    if isinstance(exc, UnicodeDecodeError) or bad_byte is not None:
         return _fail(
             path,
             f"invalid UTF-8 at byte {bad_byte}",

@@ -234,3 +234,28 @@ def test_parallel_error_leaves_no_inflated_copies(
         if marker.encode() in Path(f).read_bytes()
     ]
     assert leftovers == []
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 4, 5, 7, 64])
+def test_the_first_invalid_utf8_byte_whatever_the_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """kineto._invalid_utf8 (msgspec 0.23's error has no position) reads 16 MB at a time: a
+    character cut between two reads is not an error, the offset counts from the file's start."""
+    import mmap
+
+    from ranklens.ingest import kineto
+
+    monkeypatch.setattr(kineto, "_UTF8_CHUNK", chunk)
+    utf8 = ValueError("Invalid UTF-8 encoded string")
+    for data, lo, want in (
+        (b"ab\xc3\xa9cd\xffef", 0, 6),  # a valid 2-byte character, then 0xff
+        (b"ab\xe2\x82\xacx\xc3", 0, 6),  # a 3-byte one, then a character the file cuts short
+        (b"\xff ab\xc3\xa9 \xfe", 1, 7),  # from `lo`: the 0xff before it is not looked at
+        (b"ab\xc3\xa9cd", 0, None),
+    ):
+        f = tmp_path / "t.bin"
+        f.write_bytes(data)
+        with f.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            assert kineto._invalid_utf8(mm, utf8, lo) == want, (data, lo)
+            assert kineto._invalid_utf8(mm, ValueError("expected ','"), lo) is None
