@@ -172,12 +172,10 @@ def _locate_checked(path: str, mm: mmap.mmap, piece_bytes: int) -> Located:
         if mm.find(b'"traceEvents"') < 0:  # valid JSON, and no trace in it at all
             raise _not_a_trace(path, f"not a Kineto trace: {exc}") from None
         raise _fail(path, f"not a Kineto trace: {exc}") from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         if (bad := _invalid_utf8(mm, exc)) is not None:
             raise _fail(path, f"invalid UTF-8 at byte {bad}") from None
         raise _fail(path, f"not valid JSON: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise _fail(path, f"invalid UTF-8 at byte {_utf8_error_at(mm, exc, 0)}") from None
     except RecursionError:
         raise _fail(path, "JSON nested too deeply to read (thousands of levels)") from None
     events_len = len(hdr.traceEvents)
@@ -308,11 +306,7 @@ def decode_piece(
                     hi = prep.pieces[index + consumed][1]
                     consumed += 1
                     continue
-                if isinstance(exc, UnicodeDecodeError):
-                    bad: int | None = _utf8_error_at(mm, exc, lo, hi)
-                else:
-                    bad = _invalid_utf8(mm, exc, lo, hi)
-                raise _decode_error(prep.path, exc, lo, bad) from None
+                raise _decode_error(prep.path, exc, lo, _invalid_utf8(mm, exc, lo, hi)) from None
     table, threads, groups = columns(
         prep.path, prep.has_device, prep.info.get("backend"), prep.base_ns, events, rank, trace_id
     )
@@ -332,22 +326,16 @@ def decode_staged(prep: Prepared, index: int, rank: int, trace_id: int) -> Piece
     return pc
 
 
-def _utf8_error_at(buf: mmap.mmap, exc: UnicodeDecodeError, lo: int, hi: int = -1) -> int:
-    """File offset of the invalid byte: msgspec's `exc.start` counts from the start of the
-    string it was decoding (`exc.object`), so find that string in buf[lo:hi]."""
-    at = buf.find(bytes(exc.object), lo, len(buf) if hi < 0 else hi) if exc.object else -1
-    return (at if at >= 0 else lo) + exc.start
-
-
 _UTF8_CHUNK = 16 << 20
 
 
 def _invalid_utf8(buf: mmap.mmap, exc: Exception, lo: int = 0, hi: int = -1) -> int | None:
     """File offset of the first byte of buf[lo:hi] that is not UTF-8, when msgspec's error
-    `exc` says the text is not; else None. Why: msgspec 0.23 says "Invalid UTF-8 encoded
-    string" with no position (up to 0.22 it raised UnicodeDecodeError with one). The error
-    path only, 16 MB at a time (a whole file decoded at once would be a str of its size)."""
-    if "utf-8" not in str(exc).lower():
+    `exc` says the text is not; else None. Why found here: msgspec 0.23 says "Invalid UTF-8
+    encoded string" with no position, and up to 0.22 raised UnicodeDecodeError with one
+    counted from the string it decoded, not the file. The error path only, 16 MB at a time
+    (a whole file decoded at once would be a str of its size)."""
+    if not isinstance(exc, UnicodeDecodeError) and "utf-8" not in str(exc).lower():
         return None
     end = len(buf) if hi < 0 else hi
     dec = codecs.getincrementaldecoder("utf-8")()
@@ -364,7 +352,7 @@ def _invalid_utf8(buf: mmap.mmap, exc: Exception, lo: int = 0, hi: int = -1) -> 
 
 
 def _decode_error(path: str, exc: Exception, offset: int, bad_byte: int | None) -> TraceFormatError:
-    if isinstance(exc, UnicodeDecodeError) or bad_byte is not None:
+    if bad_byte is not None:
         return _fail(
             path,
             f"invalid UTF-8 at byte {bad_byte}",
