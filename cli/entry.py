@@ -3,7 +3,7 @@ imports, and only in the console script's process (and its workers), never in a 
 imports ranklens as a library: the allocators' settings put in the environment before numpy or
 pyarrow is imported (lifecycle.settle_allocators), pyarrow's pandas probe settled
 (lifecycle.skip_pandas_probe), and an ingest's decoding workers' server started so that it
-boots beside those imports (lifecycle.prestart_workers)."""
+boots beside those imports (workpool.prestart_workers)."""
 
 from __future__ import annotations
 
@@ -29,11 +29,8 @@ INGEST_VALUED = frozenset(
 def main() -> None:
     """Settle the process, start an ingest's workers' server, then run the CLI (cli.main)."""
     try:
-        from ranklens.ingest.lifecycle import (
-            prestart_workers,
-            settle_allocators,
-            skip_pandas_probe,
-        )
+        from ranklens.ingest.lifecycle import settle_allocators, skip_pandas_probe
+        from ranklens.ingest.workpool import prestart_workers
 
         settle_allocators()
         skip_pandas_probe()

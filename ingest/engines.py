@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
-from ranklens.ingest import lifecycle
+from ranklens.ingest import workpool
 from ranklens.ingest.errors import RanklensError, WorkerDied
 from ranklens.ingest.rank_task import RankResult, read_file
 from ranklens.ingest.tempfiles import sweep_abandoned
@@ -64,13 +64,13 @@ def run_tasks(
 
 
 def _pool(tasks: list[Task], run_dir: str, workers: int) -> Iterator[list[RankResult]]:
-    pool = lifecycle.worker_pool(workers, "ranklens.ingest.rank_task")
+    pool = workpool.worker_pool(workers, "ranklens.ingest.rank_task")
     try:
         yield from _in_order(
             lambda t: pool.submit(read_file, *t, run_dir), Future.result, tasks, 2 * workers
         )
     except BrokenProcessPool:
-        raise WorkerDied(worked=lifecycle.worked(pool)) from None
+        raise WorkerDied(worked=workpool.worked(pool)) from None
     finally:
         try:
             pool.shutdown(wait=True, cancel_futures=True)

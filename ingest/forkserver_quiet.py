@@ -1,4 +1,4 @@
-"""Imported first by the decoding workers' forkserver (lifecycle.worker_pool).
+"""Imported first by the decoding workers' forkserver (workpool.worker_pool).
 
 Why: when an ingest stops while its pool is asking the forkserver for a worker (a worker died,
 Ctrl+C), that request ends half-sent; Python's forkserver loop then dies of an EOFError and

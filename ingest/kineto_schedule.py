@@ -14,7 +14,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
-from ranklens.ingest import kineto, lifecycle
+from ranklens.ingest import kineto, workpool
 from ranklens.ingest._model import Batch, RankPart, Reader
 from ranklens.ingest.errors import WorkerDied
 from ranklens.ingest.sink import Sink, file_size
@@ -71,13 +71,13 @@ def run_serial(batch: Batch) -> None:
 
 
 def run_parallel(batch: Batch) -> None:
-    pool = lifecycle.worker_pool(batch.workers, "ranklens.ingest.kineto")
+    pool = workpool.worker_pool(batch.workers, "ranklens.ingest.kineto")
     try:
         _run_pool(batch, pool, _first_while_starting(pool, batch))
     except BaseException as exc:
         pool.shutdown(wait=True, cancel_futures=True)  # only pieces already running finish
         if isinstance(exc, BrokenProcessPool):  # seen outside a file (submitting a preparation)
-            raise WorkerDied(worked=lifecycle.worked(pool)) from None
+            raise WorkerDied(worked=workpool.worked(pool)) from None
         raise
     pool.shutdown(wait=True)
 
@@ -96,7 +96,7 @@ def _first_while_starting(pool: ProcessPoolExecutor, batch: Batch) -> _Head:
     up. Why: the first write waits for the first file's pieces; decoded here they are ready
     as the workers start on the rest (8 x 60 MB ranks: first write at 0.32 s instead of 0.57).
     What raises is kept in the futures, for the file's turn, as a worker's would be."""
-    starting = Helper(lambda: lifecycle.start_workers(pool, batch.workers), "ranklens-start")
+    starting = Helper(lambda: workpool.start_workers(pool, batch.workers), "ranklens-start")
     starting.start()
     head = _Head(Future(), [])
     prep = None
@@ -173,7 +173,7 @@ def _run_pool(batch: Batch, pool: ProcessPoolExecutor, head: _Head) -> None:
                     finish_last()
                 deferred = _drain(st.decoding)
         except BrokenProcessPool:
-            raise WorkerDied(st.path, lifecycle.worked(pool)) from None
+            raise WorkerDied(st.path, workpool.worked(pool)) from None
         finally:
             st.close()
         batch.file_done(st.path)

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
-from ranklens.ingest import lifecycle, output, post, readers, sanity, shards
+from ranklens.ingest import output, post, readers, sanity, shards, workpool
 from ranklens.ingest._model import Batch, Reader
 from ranklens.ingest.config import RunOptions
 from ranklens.ingest.crossrank import check_layout, finish_cross_rank
@@ -205,7 +205,7 @@ def _ingest(
     n = how.workers if how.workers is not None else min(os.cpu_count() or 1, 8)
     batches: list[tuple[Reader, Batch]] = []
     for reader, mine in routed:  # trace ids in READERS order
-        big = sum(file_size(f) for f in mine) >= lifecycle.SERIAL_BELOW_BYTES
+        big = sum(file_size(f) for f in mine) >= workpool.SERIAL_BELOW_BYTES
         tids = list(enumerate(mine, start=sum(len(b.files) for _r, b in batches)))
         batches.append((reader, Batch(sink, tids, n if big else 1, str(scratch), file_done)))
     # Per-file readers first, then those scheduling their own workers (the order ingest always

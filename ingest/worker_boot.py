@@ -1,4 +1,4 @@
-"""Imported first by the decoding workers' forkserver (lifecycle.worker_pool) when the main
+"""Imported first by the decoding workers' forkserver (workpool.worker_pool) when the main
 process settled pyarrow's pandas probe (the console script), so every worker forked from it
 starts with pyarrow settled on working without pandas (lifecycle says why)."""
 

@@ -1,5 +1,5 @@
 """The console script starts an ingest's decoding workers' server before its own imports, so
-the two boot side by side (lifecycle.prestart_workers), only for an ingest that will likely use
+the two boot side by side (workpool.prestart_workers), only for an ingest that will likely use
 workers; its early reading of the command line agrees with the CLI's options."""
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def test_reading_an_ingests_command_line(args: list[str], want: object) -> None:
 _CODE = """
 import json, sys
 from multiprocessing import forkserver
-import ranklens.ingest.lifecycle as lifecycle
-lifecycle.SERIAL_BELOW_BYTES = 0
+import ranklens.ingest.workpool as workpool
+workpool.SERIAL_BELOW_BYTES = 0
 seen = {"started_with": None, "pools": 0}
 _start = forkserver.ensure_running
 def ensure_running():
@@ -65,11 +65,11 @@ def ensure_running():
             m for m in ("ranklens.cli.main", "ranklens.analysis") if m in sys.modules)
     _start()
 forkserver.ensure_running = ensure_running
-_pool = lifecycle.worker_pool
+_pool = workpool.worker_pool
 def worker_pool(*a):
     seen["pools"] += 1
     return _pool(*a)
-lifecycle.worker_pool = worker_pool
+workpool.worker_pool = worker_pool
 from ranklens.cli.entry import main
 sys.argv = ["ranklens", "ingest", SAMPLE, "-o", OUT, *EXTRA]
 try:
@@ -110,7 +110,7 @@ def test_one_worker_starts_no_server(tmp_path: Path) -> None:
 def test_the_inputs_size_guess(tmp_path: Path) -> None:
     """Directories walked, globs expanded, missing paths worth nothing; the guess stops once
     the bytes are reached."""
-    from ranklens.ingest.lifecycle import _holds_bytes
+    from ranklens.ingest.workpool import _holds_bytes
 
     (tmp_path / "run" / "sub").mkdir(parents=True)
     (tmp_path / "run" / "a.json").write_bytes(b"x" * 600)
@@ -150,12 +150,12 @@ def test_a_server_that_cannot_start_early_is_left_to_the_ingest(
     ingest's own pool starts it, or reports why it cannot)."""
     from multiprocessing import forkserver
 
-    from ranklens.ingest import lifecycle
+    from ranklens.ingest import workpool
 
     def refuse() -> None:
         raise OSError(24, "Too many open files")
 
     monkeypatch.setattr(forkserver, "ensure_running", refuse)
     (tmp_path / "big.json").write_bytes(b"x" * 64)
-    monkeypatch.setattr(lifecycle, "SERIAL_BELOW_BYTES", 10)
-    assert lifecycle.prestart_workers([str(tmp_path / "big.json")], 2) is False
+    monkeypatch.setattr(workpool, "SERIAL_BELOW_BYTES", 10)
+    assert workpool.prestart_workers([str(tmp_path / "big.json")], 2) is False

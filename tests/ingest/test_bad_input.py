@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import pytest
 from kineto_builder import KinetoTrace
-from ranklens.ingest import RanklensError, lifecycle, load_traces
+from ranklens.ingest import RanklensError, load_traces, workpool
 from ranklens.ingest.errors import NoTracesError, RankError, TraceFormatError
 
 PNG = bytes.fromhex("89504e470d0a1a0a0000000d49484452") + b"\x00\x00\x00\x10" * 8
@@ -203,7 +203,7 @@ def test_every_file_bad_is_an_error_even_when_skipping(tmp_path: Path) -> None:
 # -- the parallel loader reports the same errors and cleans up after itself -------------------
 @pytest.mark.parametrize("case", ["truncated", "invalid-utf8", "negative-dur", "corrupt-gz"])
 def test_parallel_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
-    monkeypatch.setattr(lifecycle, "SERIAL_BELOW_BYTES", 0)
+    monkeypatch.setattr(workpool, "SERIAL_BELOW_BYTES", 0)
     bad = write_case(tmp_path, case)
     ok = good(0).write(tmp_path / "rank0.json")
     with pytest.raises(RanklensError) as ei:
@@ -217,7 +217,7 @@ def test_parallel_error_leaves_no_inflated_copies(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # rank0 fails after every .gz was already inflated (in a worker, ahead of its turn)
-    monkeypatch.setattr(lifecycle, "SERIAL_BELOW_BYTES", 0)
+    monkeypatch.setattr(workpool, "SERIAL_BELOW_BYTES", 0)
     bad = tmp_path / "rank0.json"
     bad.write_bytes(with_event(cat="kernel", name="neg_k", pid=0, tid=7, ts=5, dur=-1))
     marker = f"marker-{tmp_path.name}"

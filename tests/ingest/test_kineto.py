@@ -12,7 +12,7 @@ from typing import Any
 import duckdb
 import pytest
 from kineto_builder import KinetoTrace, PgConfig, cpu_trace, ns
-from ranklens.ingest import kineto, kineto_schedule, lifecycle, load_traces, loader
+from ranklens.ingest import kineto, kineto_schedule, load_traces, loader, workpool
 from ranklens.ingest.errors import RankError
 
 Ingest = Callable[..., duckdb.DuckDBPyConnection]
@@ -357,7 +357,7 @@ def test_parallel_pieces_match_serial(
     paths = [chunky(r, nested).write(tmp_path / f"rank{r}.json") for r in (0, 1)]
     load_traces(paths, tmp_path / "serial.duckdb", workers=1)  # one piece per file
     monkeypatch.setattr(kineto, "PIECE_BYTES", 4096)
-    monkeypatch.setattr(lifecycle, "SERIAL_BELOW_BYTES", 0)
+    monkeypatch.setattr(workpool, "SERIAL_BELOW_BYTES", 0)
     prep = kineto.prepare(str(paths[0]))
     assert len(prep.pieces) > 10
     assert (bad_cuts(prep) > 0) == nested

@@ -16,7 +16,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from ranklens.ingest import kineto, kineto_schedule, lifecycle, load_traces
+from ranklens.ingest import kineto, kineto_schedule, load_traces, workpool
 from ranklens.ingest.errors import TraceFormatError
 from test_bad_input import good, with_event
 from test_kineto import bad_cuts, chunky, dump_tables
@@ -52,7 +52,7 @@ def _slow_start(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(kineto_schedule, "Helper", _Starting)
     monkeypatch.setattr(kineto_schedule, "_first_while_starting", spied)
-    monkeypatch.setattr(lifecycle, "SERIAL_BELOW_BYTES", 0)  # small files: use the pool anyway
+    monkeypatch.setattr(workpool, "SERIAL_BELOW_BYTES", 0)  # small files: use the pool anyway
     return here
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ranklens.ingest import kineto, kineto_schedule, lifecycle, load_traces
+from ranklens.ingest import kineto, kineto_schedule, load_traces, workpool
 from ranklens.ingest.errors import TraceFormatError
 from test_bad_input import good, with_event
 from test_kineto import dump_tables
@@ -37,7 +37,7 @@ def _spied(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 
     monkeypatch.setattr(kineto_schedule, "_parallel_file", started)
     monkeypatch.setattr(kineto_schedule, "_drain", drained)
-    monkeypatch.setattr(lifecycle, "SERIAL_BELOW_BYTES", 0)  # the sample is small: use the pool
+    monkeypatch.setattr(workpool, "SERIAL_BELOW_BYTES", 0)  # the sample is small: use the pool
     return seen
 
 

@@ -59,14 +59,14 @@ def test_the_console_script_never_imports_pandas(tmp_path: Path) -> None:
 # The sample is small enough to be decoded in-process: these make the ingest use its workers
 # and print how many processes the pool started.
 _POOLED = (
-    "import ranklens.ingest.lifecycle as lifecycle\n"
-    "lifecycle.SERIAL_BELOW_BYTES = 0\n"
-    "_real = lifecycle.worker_pool\n"
+    "import ranklens.ingest.workpool as workpool\n"
+    "workpool.SERIAL_BELOW_BYTES = 0\n"
+    "_real = workpool.worker_pool\n"
     "pools = []\n"
     "def _pool(*a):\n"
     "    pools.append(_real(*a))\n"
     "    return pools[-1]\n"
-    "lifecycle.worker_pool = _pool\n"
+    "workpool.worker_pool = _pool\n"
 )
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from ranklens.ingest import lifecycle, nsys_sqlite, tempfiles
+from ranklens.ingest import nsys_sqlite, tempfiles, workpool
 
 LONG_S = 3.0  # how long the calls still running take; the second stop comes at STOP_S
 STOP_S = 0.3
@@ -81,7 +81,7 @@ def test_nsys_reads_are_never_left_running() -> None:
 
 
 def test_workers_end_before_the_pool_shutdown_returns() -> None:
-    pool = lifecycle.worker_pool(2, "json")
+    pool = workpool.worker_pool(2, "json")
     futures = [pool.submit(time.sleep, LONG_S) for _ in range(2)]
     deadline = time.monotonic() + 60
     while not all(f.running() for f in futures) and time.monotonic() < deadline:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ranklens.ingest import kineto_schedule, lifecycle
+from ranklens.ingest import kineto_schedule, workpool
 from ranklens.ingest.errors import WorkerDied
 from ranklens.ingest.loader import load_traces
 
@@ -23,7 +23,7 @@ def test_workers_are_gone_before_the_last_rank_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pools: list[Any] = []
-    real_pool = lifecycle.worker_pool
+    real_pool = workpool.worker_pool
 
     def pool(*a: Any) -> Any:
         pools.append(real_pool(*a))
@@ -37,8 +37,8 @@ def test_workers_are_gone_before_the_last_rank_is_written(
         alive.append(sum(p.is_alive() for p in procs.values()))
         real_finish(*a, **k)
 
-    monkeypatch.setattr(lifecycle, "SERIAL_BELOW_BYTES", 0)  # the sample is small: use the pool
-    monkeypatch.setattr(lifecycle, "worker_pool", pool)
+    monkeypatch.setattr(workpool, "SERIAL_BELOW_BYTES", 0)  # the sample is small: use the pool
+    monkeypatch.setattr(workpool, "worker_pool", pool)
     monkeypatch.setattr(kineto_schedule, "_finish_file", finish)
     rep = load_traces([str(SAMPLE)], tmp_path / "r.duckdb", workers=2)
     assert rep.ranks == list(range(8)) and len(alive) == 8
@@ -63,9 +63,9 @@ def test_a_worker_killed_while_it_sends_breaks_the_pool() -> None:
     """The pool's thread read the half message and waited for the rest forever: the ingest
     hung (seen in CI when a worker was killed 0.3 s into a 4-rank ingest). Now the pool breaks,
     as for any dead worker, and shuts down."""
-    pool = lifecycle.worker_pool(2, "ranklens.ingest.lifecycle")
+    pool = workpool.worker_pool(2, "ranklens.ingest.workpool")
     try:
-        lifecycle.start_workers(pool, 2)
+        workpool.start_workers(pool, 2)
         fut = pool.submit(_half_a_result)
         with pytest.raises(BrokenProcessPool):
             fut.result(timeout=30)
@@ -99,7 +99,7 @@ def test_a_worker_killed_as_it_starts_breaks_the_pool(monkeypatch: pytest.Monkey
     """Python's pool raised BrokenPipeError from submit, unbroken: the next submit started
     another worker (the ingest went on as if nothing happened) and the pipe's error could be
     taken for a file's. Now the pool is broken, as for any dead worker, and stays so."""
-    pool = lifecycle.worker_pool(2, "ranklens.ingest.lifecycle")
+    pool = workpool.worker_pool(2, "ranklens.ingest.workpool")
     try:
         killed = _kill_each_new_worker(monkeypatch)
         with pytest.raises(BrokenProcessPool, match="died as it started"):
@@ -118,7 +118,7 @@ def test_an_ingest_whose_worker_is_killed_as_it_starts_is_a_clear_error(
 ) -> None:
     """Through the Kineto scheduler (whose pool starts while the first file is read here):
     the worker's death, not the file's, and no output."""
-    monkeypatch.setattr(lifecycle, "SERIAL_BELOW_BYTES", 0)  # the sample is small: use the pool
+    monkeypatch.setattr(workpool, "SERIAL_BELOW_BYTES", 0)  # the sample is small: use the pool
     killed = _kill_each_new_worker(monkeypatch)
     out = tmp_path / "r.duckdb"
     with pytest.raises(WorkerDied) as err:

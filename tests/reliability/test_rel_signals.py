@@ -347,7 +347,7 @@ def test_dashboard_opens_traces_the_one_way_and_ends_on_sigterm(tmp_path: Path) 
 
 
 def test_the_forkserver_keeps_a_lost_client_quiet() -> None:
-    """The forkserver's preload (lifecycle.worker_pool) silences the EOFError its loop dies of
+    """The forkserver's preload (workpool.worker_pool) silences the EOFError its loop dies of
     when an ingest stops mid-request (it printed a traceback under ranklens' `error:`, seen
     in CI), and no other error."""
     quiet = "import ranklens.ingest.forkserver_quiet; raise "
