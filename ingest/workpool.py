@@ -136,6 +136,8 @@ class _WorkerPool(ProcessPoolExecutor):
         BrokenPipeError with the pool unbroken: the task was queued all the same, the next
         submit started another worker, and the ingest either went on or took the pipe's error
         for the file's own (a file error, or one skipped under --skip-bad)."""
+        if getattr(self, "_broken", False):  # no worker for a broken pool (forkserver_quiet)
+            raise BrokenProcessPool(self._broken)
         try:
             super()._spawn_process()  # type: ignore[misc]
         except (OSError, EOFError) as exc:  # the new worker's pipe, or the server, is gone
