@@ -30,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 from bench_dashboard import DRAWN, POLL_S, TARGET_PAGE_S, WORK, _driver, build
+from machine import machine_line
 
 HERE = Path(__file__).resolve().parent
 
@@ -124,6 +125,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="starts timed per database")
     ap.add_argument("--stored-only", action="store_true", help="skip the run without results")
     args = ap.parse_args()
+    print(machine_line(), flush=True)  # what today's figures are measured on
     WORK.mkdir(exist_ok=True)
     db = build(args.repeat)
     stored, store_s = stored_copy(db)

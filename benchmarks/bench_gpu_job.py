@@ -30,6 +30,7 @@ from pathlib import Path
 import duckdb
 import job_shape
 from job_shape import WORK
+from machine import machine_line
 from ranklens.analysis import pipeline, stragglers
 
 
@@ -49,6 +50,7 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true", help="traces without Src/Dst Rank")
     ap.add_argument("--rebuild", action="store_true")
     a = ap.parse_args()
+    print(machine_line(), flush=True)  # what today's figures are measured on
     job = job_shape.job(a, peers=not a.no_peers, rank_factor={a.tp * a.dp + 1: 1.3})
     tag = f"gpujob_{job_shape.tag(a)}" + ("_np" if a.no_peers else "")
     src, db = WORK / tag, WORK / f"{tag}.duckdb"

@@ -35,6 +35,7 @@ from typing import Any
 
 import psutil
 from big_trace import DEFAULT_SOURCE, MB, WORK, build_trace
+from machine import machine_line
 
 TARGET_MBPS = 150.0
 TARGET_RSS_X = 1.5
@@ -275,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         "--cli", action="store_true", help="also time `ranklens ingest` (with stored results)"
     )
     args = ap.parse_args(argv)
+    print(machine_line(), flush=True)  # what today's figures are measured on
     t0 = time.perf_counter()
     if args.ranks == 1:
         built = [build_trace(args.source, args.size_mb)]

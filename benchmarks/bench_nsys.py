@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from machine import machine_line
+
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "_work"
 DDL_FILE = HERE.parent.parent / "shared" / "docs" / "nsys-ddl-3.25.0.sql"
@@ -226,6 +228,7 @@ def main() -> None:
         "--skip-cli", action="store_true", help="not `ranklens ingest` (with stored results)"
     )
     args = ap.parse_args()
+    print(machine_line(), flush=True)  # what today's figures are measured on
     WORK.mkdir(exist_ok=True)
     path = WORK / f"nsys_kernels_{args.kernels}_v2.sqlite"
     t0 = time.perf_counter()

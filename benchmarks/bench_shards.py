@@ -32,6 +32,7 @@ from pathlib import Path
 
 import job_shape
 from job_shape import WORK
+from machine import machine_line
 from ranklens.ingest.database import connect
 
 EXE = [str(Path(sys.executable).with_name("ranklens"))]
@@ -67,6 +68,7 @@ def main() -> None:
     ap.add_argument("--kernels", type=int, default=6, help="kernels per block (rank size)")
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray run")
     a = ap.parse_args()
+    print(machine_line(), flush=True)  # what today's figures are measured on
     job = job_shape.job(a, kernels_per_block=a.kernels, rank_factor={a.tp + 1: 1.3})
     tag = f"gpujob_{job_shape.tag(a)}"
     tag += f"_k{a.kernels}" if a.kernels != 6 else ""
