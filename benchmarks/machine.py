@@ -43,6 +43,18 @@ def _numpy_sort(n: int = 4_000_000) -> float:
     return time.perf_counter() - t
 
 
+def _first_touch(mb: int = 256) -> float:
+    """Seconds to write `mb` MB of memory the process never touched (the kernel zeroes each new
+    page first; on this VM that cost moved between sessions: docs/scale.md, session 30)."""
+    import mmap
+
+    t = time.perf_counter()
+    with mmap.mmap(-1, mb << 20) as mem:
+        for off in range(0, mb << 20, mmap.PAGESIZE):
+            mem[off] = 1
+    return time.perf_counter() - t
+
+
 def _stat_files() -> tuple[int, float]:
     """(files, seconds) to list and stat every file of the installed numpy: what an import's
     search of the file system costs (the dashboard's start is ~1,500 imports)."""
@@ -76,17 +88,20 @@ def versions() -> str:
 
 def machine_line() -> str:
     """One line: the best of 3 of a pure-Python loop (one core, the interpreter), a numpy sort
-    (one core, memory) and a stat of every file of numpy (the file system, as imports use it),
-    the share of CPU time stolen by the host meanwhile, and the load."""
+    (one core, memory), a stat of every file of numpy (the file system, as imports use it) and
+    the first touch of fresh memory (every new process, every new buffer), the share of CPU time
+    stolen by the host meanwhile, and the load; then the dependencies' releases."""
     all0, steal0 = _cpu_ticks()
     loop = min(_python_loop() for _ in range(3))
     sort = min(_numpy_sort() for _ in range(3))
     files, stat = min((_stat_files() for _ in range(3)), key=lambda r: r[1])
+    touch = min(_first_touch() for _ in range(3))
     all1, steal1 = _cpu_ticks()
     steal = (steal1 - steal0) / (all1 - all0) if all1 > all0 else 0.0
     return (
         f"machine: python loop of 5 M adds {loop:.2f} s, numpy sort of 4 M int64 {sort:.2f} s, "
-        f"stat of numpy's {files:,} files {stat * 1e6 / max(files, 1):.0f} us each (best of 3); "
+        f"stat of numpy's {files:,} files {stat * 1e6 / max(files, 1):.0f} us each, first touch "
+        f"of 256 MB {touch:.2f} s (best of 3); "
         f"{steal:.0%} of CPU time stolen by the host meanwhile; load "
         f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n  with {versions()}"
     )
