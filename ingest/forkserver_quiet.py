@@ -7,9 +7,10 @@ prints its traceback on the user's terminal, under ranklens' own `error:`. Likew
 started as its pool breaks (another worker killed: the OOM killer) printed an EOFError traceback
 from its task queue (once in a test run, 2 in 40 kills under load): the pool's thread closes the
 main process' end of that queue while the main thread is sending the new worker its descriptors,
-and the number, reused by then (seen: the forkserver connection's own socket), reaches the
-worker as its task queue, which then ends. The pool is broken and says so; this keeps a lost
-client or a worker of a lost pool quiet and leaves every other error as Python prints it.
+and the number, reused by then (seen: a socket, most likely the forkserver connection's own,
+opened in between), reaches the worker as its task queue, which then ends. The pool is broken
+and says so; this keeps a lost client or a worker of a lost pool quiet and leaves every other
+error as Python prints it.
 """
 
 from __future__ import annotations
