@@ -20,7 +20,8 @@ import sys
 from types import TracebackType
 from typing import Any
 
-_process_worker = _futures_process._process_worker
+# (private to concurrent.futures: where a Python names it otherwise, workers stay as they were)
+_process_worker: Any = getattr(_futures_process, "_process_worker", None)
 
 
 def _hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
@@ -42,4 +43,5 @@ def quiet_worker(*args: Any, **kwargs: Any) -> None:
 sys.excepthook = _hook
 # The main process names the loop by reference (pickled as concurrent.futures.process.
 # _process_worker); a worker forked from this server finds this one under that name.
-_futures_process._process_worker = quiet_worker
+if _process_worker is not None:
+    _futures_process._process_worker = quiet_worker
