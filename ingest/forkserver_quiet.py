@@ -21,11 +21,13 @@ from types import TracebackType
 from typing import Any
 
 # (private to concurrent.futures: where a Python names it otherwise, workers stay as they were)
+# What a lost client or a lost pool ends in, in the server's loop and in a worker's.
+_LOST = (EOFError, ConnectionError)
 _process_worker: Any = getattr(_futures_process, "_process_worker", None)
 
 
 def _hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-    if issubclass(kind, (EOFError, ConnectionError)):
+    if issubclass(kind, _LOST):
         return
     sys.__excepthook__(kind, exc, tb)
 
@@ -36,7 +38,7 @@ def quiet_worker(*args: Any, **kwargs: Any) -> None:
     them back to the main process as the task's result."""
     try:
         _process_worker(*args, **kwargs)
-    except (EOFError, ConnectionError):  # the pool is gone or broken: the main process says so
+    except _LOST:  # the pool is gone or broken: the main process says so
         sys.exit(1)
 
 
