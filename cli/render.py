@@ -165,10 +165,14 @@ def render_table(report: Report, console: Console) -> None:
     )
     if f["missing_ranks"]:
         console.print(f"[yellow]missing ranks:[/] {f['missing_ranks']} (no trace was given)")
+    # a message names files: one line each, left to the terminal to wrap (a path folded at
+    # the console's width no longer matches, nor pastes, as the file's name)
     for s in f["skipped"]:
-        console.print(f"[yellow]skipped:[/] {escape(s['message'])}", highlight=False)
+        console.print(
+            f"[yellow]skipped:[/] {escape(s['message'])}", highlight=False, soft_wrap=True
+        )
     for w in f.get("warnings", []):
-        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
+        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
     if f["cpu_only"]:
         console.print(
             "[dim]CPU-only (gloo) run: host ops count as compute; treat durations as "

@@ -84,11 +84,11 @@ def die_with_parent(main_pid: int) -> None:
 def _watch(main_pid: int) -> None:
     while True:
         time.sleep(0.5)
-        if _dead(main_pid):
+        if process_gone(main_pid):
             os._exit(1)
 
 
-def _dead(pid: int) -> bool:
+def process_gone(pid: int) -> bool:
     """Gone, or a zombie not yet reaped (the forkserver waits for every worker to let go of
     the main process' pipe, so a worker must not wait for the reaping)."""
     try:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ranklens.ingest.lifecycle import process_gone
 from ranklens.ingest.threads import through_stops
 
 PREFIX = "ranklens-"
@@ -59,9 +60,11 @@ def _make(kind: str) -> tuple[Path, list[int]]:
     """Make and lock a directory. The directory's own flock is the owner's mark: a process
     killed between `mkdtemp` and its lock leaves an empty unlocked directory, which a sweep
     removes, so no moment exists where an abandoned directory is kept. A sweep can remove a
-    live one before its lock is taken: then make another."""
+    live one before its lock is taken (its maker in another PID namespace): then make another.
+    The maker's PID in the name keeps the directory from sweeps of its own namespace meanwhile:
+    a sweep running beside many makers took 20 in a row from one of them (a test under load)."""
     for _ in range(_TRIES):
-        path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{kind}-"))
+        path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{kind}-{os.getpid()}-"))
         fds: list[int] = []
         try:
             fds.append(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
@@ -111,13 +114,25 @@ def sweep_abandoned(root: str | os.PathLike[str] | None = None) -> list[str]:
 def _abandoned(d: Path) -> bool:
     """Called with `d`'s own lock held: nobody of this version owns it. Its lock file says
     whether an older version's run does (one still setting up holds the staging name, then
-    renames it); with neither, only an empty directory (killed while being set up) is ours."""
+    renames it); with neither, only an empty directory (killed while being set up) is ours,
+    once the process its name says made it is gone."""
     names = {p.name for p in d.iterdir()}
     if _LOCK in names:
         return not _held(d / _LOCK)
     if names == {_STAGING}:
         return not _held(d / _STAGING) and not _held(d / _LOCK)
-    return not names
+    return not names and not _maker_alive(d.name)
+
+
+def _maker_alive(name: str) -> bool:
+    """Whether the process `ranklens-<kind>-<pid>-...` names runs, a zombie being gone (in this
+    PID namespace: one of another, or a PID reused, is taken for gone or alive; a wrong "gone"
+    has its maker make another directory, a wrong "alive" keeps an empty one until that
+    process ends)."""
+    parts = name[len(PREFIX) :].split("-")
+    if len(parts) < 3 or not parts[1].isdigit() or int(parts[1]) > 2**31:
+        return False  # an older version's name: no PID
+    return not process_gone(int(parts[1]))
 
 
 def _held(path: Path) -> bool:

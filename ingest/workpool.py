@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -26,15 +27,43 @@ from ranklens.ingest.threads import through_stops
 # Inputs smaller than this are decoded in-process: a pool's start costs more than it saves.
 SERIAL_BELOW_BYTES = 24 * 1024 * 1024
 
+# The longest path a Unix socket's address holds (Linux: 108 bytes with the NUL; macOS 104).
+_SOCKET_PATH_MAX = 103
+# What multiprocessing adds under $TMPDIR for the forkserver's socket
+_SOCKET_SUFFIX = len("/pymp-12345678/listener-12345678")
+
 
 def _set_preload(preload: str) -> BaseContext:
     """The forkserver context, its server (when it starts) to import `preload` once (after
     worker_boot where this process settled pyarrow's pandas probe)."""
+    _socket_dir_that_fits()
     ctx = get_context("forkserver")
     boot = ["ranklens.ingest.forkserver_quiet"]
     boot += ["ranklens.ingest.worker_boot"] if lifecycle.probe_settled() else []
     ctx.set_forkserver_preload([*boot, preload])
     return ctx
+
+
+def _socket_dir_that_fits() -> None:
+    """Have multiprocessing keep its forkserver's socket in a directory short enough for one.
+    Why: it puts the socket under $TMPDIR, and a long $TMPDIR (a scheduler's per-job scratch,
+    pytest's) made binding it fail ("AF_UNIX path too long"): every worker then died as it
+    started and the ingest said so, blaming memory. With such a $TMPDIR multiprocessing's own
+    directory (removed at exit) goes to the first writable short system one instead; ranklens'
+    scratch stays in $TMPDIR. Called before the server starts; once chosen, kept."""
+    from multiprocessing import util
+
+    if len(os.fsencode(tempfile.gettempdir())) + _SOCKET_SUFFIX <= _SOCKET_PATH_MAX:
+        return
+    for short in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(short) and os.access(short, os.W_OK | os.X_OK):
+            saved = tempfile.tempdir
+            tempfile.tempdir = short  # read by util.get_temp_dir, which caches what it makes
+            try:
+                util.get_temp_dir()
+            finally:
+                tempfile.tempdir = saved
+            return
 
 
 def prestart_workers(inputs: list[str], workers: int | None) -> bool:

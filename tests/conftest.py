@@ -17,6 +17,12 @@ from typing import Any
 import duckdb
 import pytest
 
+# The tests choose the report's width per command (CliRunner's env, the harness' COLUMNS=200).
+# An exported COLUMNS (pytest-xdist's workers set 80) would instead fix the width of the CLI's
+# console for the whole session, at its import during collection.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
 # Make `tests/` importable so test modules can `from kineto_builder import ...`.
 _TESTS_DIR = Path(__file__).resolve().parent
 if str(_TESTS_DIR) not in sys.path:
@@ -56,6 +62,34 @@ def pytest_configure(config: pytest.Config) -> None:
 def update_goldens(request: pytest.FixtureRequest) -> bool:
     """True when the run was started with --update-goldens."""
     return bool(request.config.getoption("--update-goldens"))
+
+
+# The reliability tests' tally of CLI runs (reliability/harness.py), printed at the end; with
+# pytest-xdist each worker counts its own and the controller adds them up.
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from reliability.harness import TALLY
+
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:  # an xdist worker: hand the counts to the controller
+        out["ranklens_tally"] = dict(TALLY)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    from reliability.harness import TALLY
+
+    for key, n in getattr(node, "workeroutput", {}).get("ranklens_tally", {}).items():
+        TALLY[key] += n
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    from reliability.harness import TALLY
+
+    if TALLY["cases"]:
+        terminalreporter.write_line(
+            f"reliability: {TALLY['cases']} CLI runs, {TALLY['clear_errors']} clear errors, "
+            f"{TALLY['tracebacks']} tracebacks, {TALLY['data_lost']} with data lost"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

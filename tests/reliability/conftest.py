@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, settings
 from kineto_builder import KinetoTrace
 
 from reliability.fuzzhost import Worker
-from reliability.harness import TALLY
 
 
 def good_trace(rank: int, world_size: int | None = 2) -> KinetoTrace:
@@ -71,11 +70,3 @@ def worker() -> Iterator[Worker]:
 def decoder_env(request: pytest.FixtureRequest) -> dict[str, str]:
     """Both Kineto decoders: the C scanner (default) and the msgspec reference."""
     return {"RANKLENS_PURE_PYTHON": "1" if request.param == "reference" else "0"}
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if TALLY["cases"]:
-        terminalreporter.write_line(
-            f"reliability: {TALLY['cases']} CLI runs, {TALLY['clear_errors']} clear errors, "
-            f"{TALLY['tracebacks']} tracebacks, {TALLY['data_lost']} with data lost"
-        )

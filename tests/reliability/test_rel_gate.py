@@ -28,9 +28,8 @@ def _empty_run(root: Path, how: str) -> Path:
 
 
 @pytest.mark.parametrize("how", ["no-events", "no-ph"])
-def test_empty_run_warns_and_fails_the_gate(
-    tmp_path: Path, how: str, decoder_env: dict[str, str]
-) -> None:
+def test_empty_run_warns(tmp_path: Path, how: str, decoder_env: dict[str, str]) -> None:
+    """Both decoders keep the files and warn, at ingest and in every later report."""
     runs = _empty_run(tmp_path, how)
     before = snapshot(runs)
     db = tmp_path / "o.duckdb"
@@ -40,6 +39,18 @@ def test_empty_run_warns_and_fails_the_gate(
         line = next(ln for ln in ing.err.splitlines() if f"rank{r}.json" in ln)
         assert line.startswith("warning:") and "no timed event was kept" in line, ing.err
     unchanged(before, snapshot(runs))
+    rep = run(["report", db], tmp_path)
+    ok(rep)
+    assert "no timed event was kept" in rep.out
+
+
+@pytest.mark.parametrize("how", ["no-events", "no-ph"])
+def test_empty_run_fails_the_gate(tmp_path: Path, how: str) -> None:
+    """Its database and its traces alike: the checks cannot be evaluated (decoded the same by
+    both decoders: test_empty_run_warns)."""
+    runs = _empty_run(tmp_path, how)
+    db = tmp_path / "o.duckdb"
+    ok(run(["ingest", runs, "-o", db], tmp_path))
     for source in (db, runs):
         res = run(["check", source, "--max-idle", "0.5", "--min-overlap", "0.1"], tmp_path)
         assert res.rc == 3 and "Traceback" not in res.text, res.text
@@ -48,9 +59,6 @@ def test_empty_run_warns_and_fails_the_gate(
         assert js["status"] == "fail"
         allowed = run(["check", source, "--max-idle", "0.5", "--allow-skipped"], tmp_path)
         assert allowed.rc == 0 and "SKIPPED" in allowed.out, allowed.text
-    rep = run(["report", db], tmp_path)
-    ok(rep)
-    assert "no timed event was kept" in rep.out
 
 
 def test_partly_evaluable_check_fails_only_without_allow(tmp_path: Path) -> None:

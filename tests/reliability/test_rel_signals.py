@@ -268,6 +268,24 @@ def test_sigkill_workers_die_and_next_run_cleans(big_run: Path, tmp_path: Path) 
     assert _ranklens_tmp(tmpdir) == []
 
 
+@pytest.mark.slow
+def test_workers_start_under_a_long_tmpdir(big_run: Path, tmp_path: Path) -> None:
+    """A $TMPDIR too long for a Unix socket's address (a scheduler's per-job scratch): the
+    workers' server keeps its socket elsewhere, the ingest uses its workers and succeeds.
+    Before, every worker died as it started and the ingest blamed memory."""
+    tmpdir = tmp_path / ("scratch-" + "j" * 90) / "tmp"
+    tmpdir.mkdir(parents=True)
+    assert len(str(tmpdir)) > 108
+    res = run(
+        ["ingest", big_run, "-o", "o.duckdb", "--workers", "2"],
+        tmp_path,
+        env={"TMPDIR": str(tmpdir)},
+    )
+    ok(res)
+    assert "320,002 events" in res.out
+    assert _ranklens_tmp(tmpdir) == []
+
+
 def test_live_temporary_directories_are_kept(tmp_path: Path) -> None:
     """The sweep removes what a dead run left, never what a live one uses."""
     tmpdir = tmp_path / "tmp"
