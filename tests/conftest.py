@@ -2,6 +2,7 @@
 
 Groups (add new fixtures under a heading of their own):
 - options: `--update-goldens`; Ctrl+C made deliverable (`pytest_configure`).
+- the reliability tally: summed over pytest-xdist's workers, printed at the end.
 - databases: `tmp_db`, `ingest` (build traces -> ingest -> read-only connection).
 - real traces: `shared_traces` (../shared/traces/public, skipped when absent).
 """
@@ -64,8 +65,10 @@ def update_goldens(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-goldens"))
 
 
-# The reliability tests' tally of CLI runs (reliability/harness.py), printed at the end; with
-# pytest-xdist each worker counts its own and the controller adds them up.
+# ---------------------------------------------------------------------------------------------
+# the reliability tests' tally of CLI runs (reliability/harness.py), printed at the end; with
+# pytest-xdist each worker counts its own and the controller adds them up
+# ---------------------------------------------------------------------------------------------
 def pytest_sessionfinish(session: pytest.Session) -> None:
     from reliability.harness import TALLY
 
