@@ -20,9 +20,9 @@ import sys
 from types import TracebackType
 from typing import Any
 
-# (private to concurrent.futures: where a Python names it otherwise, workers stay as they were)
 # What a lost client or a lost pool ends in, in the server's loop and in a worker's.
 _LOST = (EOFError, ConnectionError)
+# (private to concurrent.futures: where a Python names it otherwise, workers stay as they were)
 _process_worker: Any = getattr(_futures_process, "_process_worker", None)
 
 

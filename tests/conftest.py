@@ -31,6 +31,7 @@ if str(_TESTS_DIR) not in sys.path:
 
 from kineto_builder import KinetoTrace  # noqa: E402
 from ranklens.ingest import load_traces  # noqa: E402
+from reliability.harness import TALLY  # noqa: E402
 
 REPO_ROOT = _TESTS_DIR.parent
 
@@ -70,8 +71,6 @@ def update_goldens(request: pytest.FixtureRequest) -> bool:
 # pytest-xdist each worker counts its own and the controller adds them up
 # ---------------------------------------------------------------------------------------------
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    from reliability.harness import TALLY
-
     out = getattr(session.config, "workeroutput", None)
     if out is not None:  # an xdist worker: hand the counts to the controller
         out["ranklens_tally"] = dict(TALLY)
@@ -79,15 +78,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
-    from reliability.harness import TALLY
-
     for key, n in getattr(node, "workeroutput", {}).get("ranklens_tally", {}).items():
         TALLY[key] += n
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    from reliability.harness import TALLY
-
     if TALLY["cases"]:
         terminalreporter.write_line(
             f"reliability: {TALLY['cases']} CLI runs, {TALLY['clear_errors']} clear errors, "
