@@ -14,12 +14,38 @@ _APPLIED = "_ranklens_applied"  # temp table: the SQL files apply_sql ran on thi
 
 
 _REQUIRES = re.compile(r"\A-- requires: ([\w, ]+)\n")
+_VIEW = re.compile(r"(CREATE\s+OR\s+REPLACE\s+(?:TEMP\s+)?VIEW\s+\w+)\s+AS\b", re.I)
 
 
 @cache
 def sql_text(name: str) -> str:
     """The text of analysis/sql/<name>.sql, shipped as package data."""
     return resources.files("ranklens.analysis").joinpath(f"sql/{name}.sql").read_text()
+
+
+@cache
+def _defers_binding() -> bool:
+    """Whether this DuckDB creates a view without binding it (`WITH (DEFER_BINDING)`, an
+    unbound view: DuckDB 1.5 and later). Probed over a table that does not exist, which only
+    an unbound view survives."""
+    con = duckdb.connect()
+    try:
+        con.execute("CREATE TEMP VIEW _probe WITH (DEFER_BINDING) AS SELECT * FROM _absent")
+        return True
+    except duckdb.Error:
+        return False
+    finally:
+        con.close()
+
+
+def unbound(sql: str) -> str:
+    """`sql` with each view it creates left unbound until a query reads it, where DuckDB can.
+
+    Why: creating a view binds it and every view under it, and a query reading it binds them
+    all again; creating the analyses' ~60 views took 1.1 s of a small run's 3.4 s of stored
+    results (pipeline_steps alone 0.4 s), for nothing a query would not redo. What a query
+    reads is the same either way; a view that cannot bind says so when it is read."""
+    return _VIEW.sub(r"\1 WITH (DEFER_BINDING) AS", sql) if _defers_binding() else sql
 
 
 def requires(name: str) -> tuple[str, ...]:
@@ -52,9 +78,9 @@ def apply_sql(con: duckdb.DuckDBPyConnection, *names: str) -> None:
     """Create the temp views/macros of the named SQL files and the files they require
     (idempotent: CREATE OR REPLACE).
 
-    A file of views and macros runs once per connection: creating a view binds it and every
-    view under it (10-70 ms each, 0.3 s for pipeline_steps), and an ingest's analyses apply
-    the same files ~20 times. What ran is recorded in a temp table, so a rolled-back
+    A file of views and macros runs once per connection: its views are created unbound
+    (`unbound`), but its table macros bind what they read, and an ingest's analyses apply the
+    same files ~20 times. What ran is recorded in a temp table, so a rolled-back
     transaction forgets its views and its record together. A file that builds a table
     (critical_path numbers the events) runs every time. Nor does a file run whose views the
     run stores as this code wrote them (views.store_views): a temp view would be their twin.
@@ -68,7 +94,7 @@ def apply_sql(con: duckdb.DuckDBPyConnection, *names: str) -> None:
     if not todo:
         return
     for name in todo:
-        con.execute(sql_text(name))
+        con.execute(unbound(sql_text(name)))
     once = [(n,) for n in todo if not builds_table(n)]
     if once:
         con.executemany(f"INSERT INTO temp.{_APPLIED} VALUES (?)", once)
@@ -175,7 +201,7 @@ class HeldViews:
         """Drop this block's tables and restore its views (idempotent)."""
         for view in self.mine:
             self.con.execute(f"DROP TABLE IF EXISTS temp.{_HELD}{view}")
-            self.con.execute(definition(self.sql_file, view))
+            self.con.execute(unbound(definition(self.sql_file, view)))
         self.mine = []
 
 

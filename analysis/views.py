@@ -2,8 +2,8 @@
 
 `store_views` stores them in the database file so any DuckDB client sees them, with a digest
 of their SQL in `meta`; `apply_all_views` (any connection, read-only included) uses the stored
-ones when this code stored them and creates temp ones otherwise (creating them costs ~0.25 s a
-connection, a tenth of a dashboard's start; apply_sql decides, per SQL file).
+ones when this code stored them and creates temp ones otherwise (apply_sql decides, per SQL
+file). Both create them unbound where DuckDB can (_sql.unbound): a query binds what it reads.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def store_views(con: duckdb.DuckDBPyConnection) -> None:
     """Store the analysis views and macros in the database `con` writes (an ingest passes
     this as its `finalize`, so the views are in the file before its one atomic rename)."""
     for name in view_files():
-        con.execute(re.sub(r"\bTEMP\s+", "", _sql.sql_text(name)))
+        con.execute(_sql.unbound(re.sub(r"\bTEMP\s+", "", _sql.sql_text(name))))
     con.execute("DELETE FROM meta WHERE key = ?", [VIEWS_DIGEST])
     con.execute("INSERT INTO meta VALUES (?, ?)", [VIEWS_DIGEST, views_digest()])
 
