@@ -12,8 +12,11 @@ two gave equal rows on every bundled sample, public trace set and generated job.
 from __future__ import annotations
 
 from itertools import pairwise
+from unittest import mock
 
+import numpy as np
 import polars as pl
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ranklens.analysis import timeline_overlays as ovl
@@ -68,6 +71,36 @@ interval = st.tuples(
 @given(st.lists(interval, max_size=40), st.sampled_from([0, 1, 5]))
 def test_the_sweep_is_its_definition(rows: list[tuple[int, int, int, int]], min_ns: int) -> None:
     assert sweep.segments(_iv(rows), min_ns).equals(_reference(rows, min_ns))
+
+
+EPOCH_NS = 1_795_305_795_916_600_275  # a job clock's stamps: packed after an offset
+
+
+@pytest.mark.parametrize(("scale", "offset"), [(1, EPOCH_NS), (2**56, 0)])
+@settings(max_examples=100, deadline=None)
+@given(rows=st.lists(interval, max_size=40), min_ns=st.sampled_from([0, 1, 5]))
+def test_the_sweep_is_its_definition_at_any_clock(
+    rows: list[tuple[int, int, int, int]], min_ns: int, scale: int, offset: int
+) -> None:
+    """Stamps far from 0, or spans up to ~2^62 ns: sorted packed into one integer, or by
+    np.lexsort where the packing would not fit; either way the definition's rows. A job
+    clock's stamps over a short span never need lexsort."""
+    moved = [(r, s * scale + offset, e * scale + offset, b) for r, s, e, b in rows]
+    with mock.patch.object(np, "lexsort", wraps=np.lexsort) as spy:
+        got = sweep.segments(_iv(moved), min_ns * scale)
+    assert got.equals(_reference(moved, min_ns * scale))
+    if scale == 1:
+        assert not spy.called
+
+
+def test_a_span_too_wide_to_pack_is_lexsorted() -> None:
+    """A span of 2^63 ns cannot be packed beside its key: lexsort, with the same rows."""
+    rows = [(0, -(2**62), 2**62, 2), (0, 0, 10, 1), (1, 5, 6, 8)]
+    with mock.patch.object(np, "lexsort", wraps=np.lexsort) as spy:
+        got = sweep.segments(_iv(rows))
+    assert spy.called
+    assert got.equals(_reference(rows, 0))
+    assert got.rows()[:2] == [(0, "exposed", -(2**62), 0), (0, "exposed", 10, 2**62)]
 
 
 def test_a_hand_made_case() -> None:
