@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from ranklens.analysis import replay_c
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -251,7 +252,7 @@ def topo_order(key: I64, ptr: I64, src: I64) -> tuple[I64, npt.NDArray[np.bool_]
     e.g. zero-length events at one instant waiting on each other), the edges among the vertices
     left that go backwards in key order are dropped: any cycle holds one."""
     n = len(key)
-    order = np.lexsort((np.arange(n), key))
+    order = np.argsort(key, kind="stable")  # ties in vertex order
     pos = np.empty(n, dtype=np.int64)
     pos[order] = np.arange(n)
     dst = np.repeat(np.arange(n), np.diff(ptr))
@@ -267,15 +268,24 @@ def topo_order(key: I64, ptr: I64, src: I64) -> tuple[I64, npt.NDArray[np.bool_]
     return np.asarray(out, dtype=np.int64), keep
 
 
-def _kahn(n: int, src: I64, dst: I64, keep: npt.NDArray[np.bool_], pos: I64) -> list[int]:
-    """Kahn's algorithm over the kept edges; the vertices it could place, in order."""
+def _kahn(n: int, src: I64, dst: I64, keep: npt.NDArray[np.bool_], pos: I64) -> I64:
+    """Kahn's algorithm over the kept edges; the vertices it could place, in order (in C where
+    built: replay_c.kahn; the same order)."""
     s, d = src[keep], dst[keep]
     out_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(s, minlength=n), out=out_ptr[1:])
-    succ = d[np.argsort(s, kind="stable")].tolist()
-    optr = out_ptr.tolist()
-    indeg = np.bincount(d, minlength=n).tolist()
-    rank_of = pos.tolist()
+    succ = d[np.argsort(s, kind="stable")]
+    indeg = np.bincount(d, minlength=n)
+    if replay_c.available():
+        return replay_c.kahn(out_ptr, succ, indeg, pos)
+    placed = _kahn_py(n, out_ptr.tolist(), succ.tolist(), indeg.tolist(), pos.tolist())
+    return np.asarray(placed, dtype=np.int64)
+
+
+def _kahn_py(
+    n: int, optr: list[int], succ: list[int], indeg: list[int], rank_of: list[int]
+) -> list[int]:
+    """_kahn's loop where the C one is not built (lists: a loop over numpy items is slower)."""
     heap = [(rank_of[v], v) for v in range(n) if indeg[v] == 0]
     heapq.heapify(heap)
     out: list[int] = []

@@ -1,4 +1,5 @@
-"""The replay's vertex loop and its path walk in C (`_replay.c`), with the Python ones as fallback.
+"""The replay's vertex loop, its path walk and the graph's Kahn order in C (`_replay.c`), with
+the Python ones as fallback.
 
 Why: a deep, narrow graph (a capture without step marks: one step, lanes of millions of
 kernels) cannot be replayed a topological level at a time; its vertex loop in Python took
@@ -49,3 +50,14 @@ def chain(v: int, arg: I64, src: I64) -> I64:
     """The vertices from v back along the binding in-edges (arg) to a start, v first."""
     out = np.empty(len(arg), dtype=np.int64)
     return out[: int(_c.chain(int(v), _i64(arg), _i64(src), out))]
+
+
+def kahn(optr: I64, succ: I64, indeg: I64, pos: I64) -> I64:
+    """The vertices Kahn's algorithm places, lowest `pos` first among those ready, as
+    graph_units._kahn's Python loop places them (optr/succ: kept out-edges as CSR; indeg:
+    kept in-degrees; pos: a permutation)."""
+    n = len(pos)
+    out = np.empty(n, dtype=np.int64)
+    work = (np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64))
+    got = _c.kahn(_i64(optr), _i64(succ), np.array(indeg, dtype=np.int64), _i64(pos), *work, out)
+    return out[: int(got)]
