@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from ranklens.analysis.results_store import finalize_run
 from ranklens.cli.main import app
 from ranklens.cli.render import cross_rank_lines, devices_text, steps_text
 from ranklens.ingest import load_traces
@@ -58,8 +59,10 @@ def _table_numbers(text: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def megatron(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample as `ranklens ingest` writes it: its results stored, so each report reads
+    them back (the text is what a report computing them prints: results_store's round trip)."""
     db = tmp_path_factory.mktemp("narrow") / "m.duckdb"
-    load_traces([str(SAMPLES / "megatron_tp2_pp2_dp2" / "raw")], db)
+    load_traces([str(SAMPLES / "megatron_tp2_pp2_dp2" / "raw")], db, finalize=finalize_run)
     return db
 
 
