@@ -51,6 +51,18 @@ static void release(Buf *bufs, int n) {
     }
 }
 
+/* o[0..n) as int64 buffers into b (zeroed by the caller), writable where bit i of `writable` is
+   set; on an error, those taken are released. */
+static int get_all(PyObject **o, Buf *b, int n, const char *const *names, unsigned writable) {
+    for (int i = 0; i < n; i++) {
+        if (get_i64(o[i], &b[i], (writable >> i) & 1u, names[i]) < 0) {
+            release(b, n);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static Py_ssize_t len_of(Buf *b) { return b->view.len / 8; }
 
 enum { OK = 0, BAD_INDEX = 1, OVERFLOW = 2 };
@@ -107,14 +119,8 @@ static PyObject *loop(PyObject *self, PyObject *args) {
     Buf b[8];
     memset(b, 0, sizeof b);
     int tracked = o[7] != Py_None;
-    for (int i = 0; i < 8; i++) {
-        if (i == 7 && !tracked) {
-            break;
-        }
-        if (get_i64(o[i], &b[i], i >= 6, names[i]) < 0) {
-            release(b, 8);
-            return NULL;
-        }
+    if (get_all(o, b, tracked ? 8 : 7, names, 0xC0u) < 0) { /* val, arg written */
+        return NULL;
     }
     Py_ssize_t n = len_of(&b[4]), m = len_of(&b[2]);
     if (len_of(&b[1]) != n + 1 || len_of(&b[3]) != m || len_of(&b[5]) != n ||
@@ -154,11 +160,8 @@ static PyObject *chain(PyObject *self, PyObject *args) {
     Buf b[3];
     memset(b, 0, sizeof b);
     static const char *names[3] = {"arg", "src", "out"};
-    for (int i = 0; i < 3; i++) {
-        if (get_i64(o[i], &b[i], i == 2, names[i]) < 0) {
-            release(b, 3);
-            return NULL;
-        }
+    if (get_all(o, b, 3, names, 0x4u) < 0) { /* out written */
+        return NULL;
     }
     const int64_t *arg = (const int64_t *)b[0].view.buf, *src = (const int64_t *)b[1].view.buf;
     int64_t *out = (int64_t *)b[2].view.buf;
@@ -286,12 +289,8 @@ static PyObject *kahn(PyObject *self, PyObject *args) {
     static const char *names[7] = {"optr", "succ", "indeg", "pos", "at", "heap", "out"};
     Buf b[7];
     memset(b, 0, sizeof b);
-    for (int i = 0; i < 7; i++) {
-        int writable = i == 2 || i >= 4;
-        if (get_i64(o[i], &b[i], writable, names[i]) < 0) {
-            release(b, 7);
-            return NULL;
-        }
+    if (get_all(o, b, 7, names, 0x74u) < 0) { /* indeg, at, heap, out written */
+        return NULL;
     }
     Py_ssize_t n = len_of(&b[3]), m = len_of(&b[1]);
     if (len_of(&b[0]) != n + 1 || len_of(&b[2]) != n || len_of(&b[4]) != n ||
