@@ -2,8 +2,9 @@
 imports, and only in the console script's process (and its workers), never in a session that
 imports ranklens as a library: the allocators' settings put in the environment before numpy or
 pyarrow is imported (lifecycle.settle_allocators), pyarrow's pandas probe settled
-(lifecycle.skip_pandas_probe), and an ingest's decoding workers' server started so that it
-boots beside those imports (workpool.prestart_workers)."""
+(lifecycle.skip_pandas_probe), an ingest's decoding workers' server started so that it
+boots beside those imports (workpool.prestart_workers), and a dashboard's port held and
+answering the last start's page and scripts meanwhile (dashboards.port.hold_early)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,11 @@ def main() -> None:
         from ranklens.ingest.workpool import prestart_workers
 
         settle_allocators()
+        early = dashboard_port(sys.argv[1:])
+        if early is not None:  # answers the last start's page while the rest loads
+            from ranklens.dashboards.port import hold_early
+
+            hold_early(*early)
         skip_pandas_probe()
         pooled = pooled_ingest(sys.argv[1:])
         if pooled is not None:
@@ -49,6 +55,26 @@ def _interrupted() -> NoReturn:
     with contextlib.suppress(KeyboardInterrupt):
         sys.stderr.write("interrupted\n")
     sys.exit(130)
+
+
+def dashboard_port(args: list[str]) -> tuple[str, int] | None:
+    """(--host, --port) of a `dashboard` command, with the CLI's defaults; None for any other
+    command, --help, or a --port that is not a number. A guess ahead of the CLI's parse, as
+    pooled_ingest's: the server takes the port only if the CLI gives the same."""
+    if not args or args[0] != "dashboard" or "--help" in args:
+        return None
+    from ranklens.dashboards.port import DEFAULT_HOST, DEFAULT_PORT
+
+    opts = {"--host": DEFAULT_HOST, "--port": str(DEFAULT_PORT)}
+    rest = iter(args[1:])
+    for arg in rest:
+        if arg == "--":
+            break
+        name, eq, value = arg.partition("=")
+        if name in opts:
+            opts[name] = value if eq else next(rest, "")
+    port = opts["--port"]
+    return (opts["--host"], int(port)) if port.isdigit() else None
 
 
 def pooled_ingest(args: list[str]) -> tuple[list[str], int | None] | None:

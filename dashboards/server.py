@@ -19,6 +19,7 @@ from functools import partial
 import dash
 import flask
 from ranklens.analysis.check_config import CheckConfig
+from ranklens.dashboards import page_record
 from ranklens.dashboards.app import create_app, page_paths, warm_pages
 from ranklens.dashboards.data import RunData
 from ranklens.dashboards.data_compare import Baseline, comparison
@@ -47,7 +48,7 @@ def serve(
     of `dashboard --config/--max-regression`, so the page says what `check` would; None:
     ./pyproject.toml's thresholds)."""
     with ExitStack() as stack:
-        held = Port(host, port)
+        held = Port.take(host, port)  # held by the console script already, if it could
         stack.callback(held.close)
         run = stack.enter_context(open_run(source, options))
         data = RunData(run.db_path)  # its own sandboxed connections: see Run
@@ -70,19 +71,22 @@ def serve(
 
 class Warmer:
     """Warms the pages on a thread as the port opens. First the first page, while the
-    browser fetches and compiles the page's scripts (~0.1-0.25 s; it used to wait for the
-    server rendering it before the port opened); its request, if earlier, waits for that
-    render (RunData.memo). Then what the first page does not need (the timeline's overview and
-    lanes, the comparison, every other page's default view), so the other pages are ready by
-    the time they are clicked; a page asked for before that is computed on demand (RunData
-    keeps one of each). Those start DRAW_WAIT_S after the first page's content was asked for
-    (or FIRST_PAGE_WAIT_S after the start), not to slow that page down: on 2 cores the warming
-    took the CPU the browser needed to draw it (0.3 s of a 1.3 s draw)."""
+        browser fetches and compiles the page's scripts (~0.1-0.25 s; it used to wait for the
+        server rendering it before the port opened); its request, if earlier, waits for that
+        render (RunData.memo). Then what the first page does not need (the timeline's overview and
+        lanes, the comparison, every other page's default view), so the other pages are ready by
+        the time they are clicked; a page asked for before that is computed on demand (RunData
+        keeps one of each). Those start DRAW_WAIT_S after the first page's content was asked for
+        (or FIRST_PAGE_WAIT_S after the start), not to slow that page down: on 2 cores the warming
+        took the CPU the browser needed to draw it (0.3 s of a 1.3 s draw). The first of those keeps
+    this start's page for the next one to serve while it imports (page_record)."""
 
     def __init__(self, app: dash.Dash, data: RunData, base: Baseline | None) -> None:
         self._halt = threading.Event()
         self._first = partial(warm_pages, app, ["/"])
-        self._steps: list[Callable[[], object]] = [data.timeline_base, data.timeline_lanes]
+        # first the page for the next start to serve early (cheap), then the heavy ones
+        self._steps: list[Callable[[], object]] = [partial(page_record.record, app)]
+        self._steps += [data.timeline_base, data.timeline_lanes]
         if base is not None:
             self._steps.append(lambda: comparison(data, base))
         self._steps += [partial(warm_pages, app, [p]) for p in page_paths() if p != "/"]

@@ -9,8 +9,11 @@ Groups (add new fixtures under a heading of their own):
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,12 @@ import pytest
 # console for the whole session, at its import during collection.
 os.environ.pop("COLUMNS", None)
 os.environ.pop("LINES", None)
+# The dashboard keeps its page for the next start (dashboards.early_page) in the user's cache:
+# the tests' dashboards (in-process and the processes they start) keep theirs in one of this
+# session's own, removed at its end.
+if "RANKLENS_CACHE_DIR" not in os.environ:
+    os.environ["RANKLENS_CACHE_DIR"] = tempfile.mkdtemp(prefix="ranklens-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["RANKLENS_CACHE_DIR"], True)
 
 # Make `tests/` importable so test modules can `from kineto_builder import ...`.
 _TESTS_DIR = Path(__file__).resolve().parent

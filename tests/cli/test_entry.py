@@ -1,6 +1,7 @@
 """The console script starts an ingest's decoding workers' server before its own imports, so
 the two boot side by side (workpool.prestart_workers), only for an ingest that will likely use
-workers; its early reading of the command line agrees with the CLI's options."""
+workers, and holds a dashboard's port before dash, numpy or the CLI is imported (port.hold_early);
+its early reading of the command line agrees with the CLI's options."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pathlib import Path
 
 import pytest
 import typer
-from ranklens.cli.entry import INGEST_VALUED, pooled_ingest
+from ranklens.cli.entry import INGEST_VALUED, dashboard_port, pooled_ingest
 from ranklens.cli.main import app
+from ranklens.dashboards.port import DEFAULT_HOST, DEFAULT_PORT
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "megatron_tp2_pp2_dp2" / "raw"
 
@@ -159,3 +161,51 @@ def test_a_server_that_cannot_start_early_is_left_to_the_ingest(
     (tmp_path / "big.json").write_bytes(b"x" * 64)
     monkeypatch.setattr(workpool, "SERIAL_BELOW_BYTES", 10)
     assert workpool.prestart_workers([str(tmp_path / "big.json")], 2) is False
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["dashboard", "run.duckdb"], ("127.0.0.1", 8050)),
+        (["dashboard", "run.duckdb", "--port", "0"], ("127.0.0.1", 0)),
+        (["dashboard", "--host=0.0.0.0", "d", "--port=9000"], ("0.0.0.0", 9000)),
+        (["dashboard", "d", "--port", "many"], None),  # the CLI's error to give
+        (["dashboard", "d", "--port", "-1"], None),
+        (["dashboard", "--help"], None),
+        (["report", "d", "--port", "1"], None),
+        ([], None),
+    ],
+)
+def test_reading_a_dashboards_command_line(args: list[str], want: object) -> None:
+    assert dashboard_port(args) == want
+
+
+def test_the_dashboards_early_defaults_are_the_clis() -> None:
+    cmd = typer.main.get_command(app).commands["dashboard"]  # type: ignore[attr-defined]
+    defaults = {p.name: p.default for p in cmd.params}
+    assert (defaults["host"], defaults["port"]) == (DEFAULT_HOST, DEFAULT_PORT)
+
+
+# `ranklens dashboard` as the console script runs it, up to its port: what was imported then.
+_DASH_CODE = """
+import json, sys
+import ranklens.dashboards.port as port
+HEAVY = ("dash", "flask", "numpy", "pyarrow", "polars", "duckdb", "ranklens.cli.main")
+def hold(host, number):
+    loaded = sorted(m for m in HEAVY if m in sys.modules)
+    print(json.dumps({"at": [host, number], "loaded": loaded}))
+    sys.exit(0)
+port.hold_early = hold
+sys.argv = ["ranklens", "dashboard", "run.duckdb", "--port", "0"]
+from ranklens.cli.entry import main
+main()
+"""
+
+
+def test_a_dashboard_holds_its_port_before_the_heavy_imports(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, "-c", _DASH_CODE], cwd=tmp_path, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout) == {"at": ["127.0.0.1", 0], "loaded": []}
