@@ -13,8 +13,13 @@ that every run holds the same events, collectives and report.
 HolisticTraceAnalysis loads one rank per call into pandas and has no storage of its own to
 compare with; bench_ingest.py compares single files with it.
 
+`--ray-cluster` also ingests into shards on a Ray cluster started beforehand (`ray start
+--head` on this machine with 1, then 2 CPUs), as a user's `--ray-address` reaches a running
+cluster: the local Ray run above starts its instance inside the ingest (~3-4 s of its traces
+stage), which a cluster has paid before the job.
+
     python benchmarks/bench_shards.py [--tp 8 --dp 32 --pp 4 --m 8 --steps 2] [--kernels 6]
-        [--no-ray]
+        [--no-ray] [--ray-cluster]
 """
 
 from __future__ import annotations
@@ -38,10 +43,10 @@ from ranklens.ingest.database import connect
 EXE = [str(Path(sys.executable).with_name("ranklens"))]
 
 
-def _timed(cmd: list[str]) -> tuple[float, float, bytes]:
+def _timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, bytes]:
     """Wall seconds, peak RSS (GB) of the largest process so far, and stdout."""
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, check=True, capture_output=True)
+    res = subprocess.run(cmd, check=True, capture_output=True, env=env)
     wall = time.perf_counter() - t0
     return wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6, res.stdout
 
@@ -62,11 +67,34 @@ def _fingerprint(run: Path) -> tuple[int, int, str]:
     return int(n_ev), int(n_coll), hashlib.sha1(str(digest).encode()).hexdigest()[:12]
 
 
+_RAY = str(Path(sys.executable).with_name("ray"))
+# The benchmark's own cluster, on this machine alone, without Ray's token authentication: a
+# token left in ~/.ray by an earlier local instance is not always the one `ray start` takes.
+_RAY_ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+
+
+def _ray_head(cpus: int) -> str:
+    """Start a Ray head on this machine with `cpus` CPUs; its address for --ray-address."""
+    temp = Path("/tmp") / f"rbench{os.getpid()}"  # Ray's socket paths must stay short
+    res = subprocess.run(
+        [_RAY, "start", "--head", f"--num-cpus={cpus}", "--include-dashboard=false",
+         "--disable-usage-stats", f"--temp-dir={temp}"],
+        check=True, capture_output=True, text=True, env=_RAY_ENV,
+    )  # fmt: skip
+    found = re.search(r"--address='([^']+)'", res.stdout)
+    if found is None:
+        raise SystemExit(f"ray start printed no address: {res.stdout[-2000:]}")
+    return found.group(1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     job_shape.add_flags(ap, m=8, steps=2)
     ap.add_argument("--kernels", type=int, default=6, help="kernels per block (rank size)")
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray run")
+    ap.add_argument(
+        "--ray-cluster", action="store_true", help="also on a running Ray with 1 and 2 CPUs"
+    )
     a = ap.parse_args()
     print(machine_line(), flush=True)  # what today's figures are measured on
     job = job_shape.job(a, kernels_per_block=a.kernels, rank_factor={a.tp + 1: 1.3})
@@ -92,12 +120,28 @@ def main() -> None:
         f"job: {job.world} ranks (tp{a.tp} dp{a.dp} pp{a.pp}), m={a.m}, {a.steps} steps; "
         f"{size / 1e6:.0f} MB of JSON in {job.world} files; {os.cpu_count()} cores"
     )
+    if a.ray_cluster:
+        for cpus in (1, 2):
+            label = f"shards, Ray cluster ({cpus} CPU{'s' * (cpus > 1)})"
+            runs.append(
+                (label, out / f"rayc{cpus}", ["--engine", "ray", "--ray-address", str(cpus)])
+            )
     walls: dict[str, float] = {}
     stage: dict[str, float] = {}
     prints: set[tuple[int, int, str]] = set()
     reports: set[bytes] = set()
     for label, dest, flags in runs:
-        t_in, rss_in, said = _timed([*EXE, "ingest", str(src), "-o", str(dest), *flags])
+        cluster = None
+        if "--ray-address" in flags:  # a running cluster of that many CPUs, started here
+            at = flags.index("--ray-address") + 1
+            cluster, flags = _ray_head(int(flags[at])), [*flags]
+            flags[at] = cluster
+        try:
+            env = _RAY_ENV if cluster is not None else None
+            t_in, rss_in, said = _timed([*EXE, "ingest", str(src), "-o", str(dest), *flags], env)
+        finally:
+            if cluster is not None:
+                subprocess.run([_RAY, "stop", "--force"], check=False, capture_output=True)
         traces = re.search(rb"traces ([0-9.]+) s", said)  # ingest's own stage timing
         stage[label] = float(traces.group(1)) if traces else float("nan")
         t_rep, rss_rep, text = _timed([*EXE, "report", str(dest), "--format", "json"])
@@ -111,6 +155,9 @@ def main() -> None:
             f"{size / 1e6 / stage[label]:5.1f} MB/s; peak RSS so far {rss_in:.2f} GB)  "
             f"report {t_rep:5.1f} s (peak so far {rss_rep:.2f} GB)"
         )
+    if a.ray_cluster:
+        r1, r2 = stage["shards, Ray cluster (1 CPU)"], stage["shards, Ray cluster (2 CPUs)"]
+        print(f"Ray cluster, 2 CPUs over 1: {r1 / r2:.2f}x its traces stage")
     s1, s2 = walls["shards, 1 worker"], walls["shards, 2 workers"]
     print(f"2 workers over 1 (shards): {s1 / s2:.2f}x the whole ingest, ", end="")
     one, two = stage["shards, 1 worker"], stage["shards, 2 workers"]

@@ -128,7 +128,8 @@ def _private(folder: Path) -> bool:
     """Whether only this user could have written `folder` (served as the dashboard's own page,
     a copy another user planted would run in its origin)."""
     st = folder.stat()
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+    uid = os.getuid() if hasattr(os, "getuid") else st.st_uid  # (no owners to tell apart)
+    return st.st_uid == uid and not st.st_mode & 0o022
 
 
 def same(page: Page | None, responses: dict[str, tuple[str, Headers, bytes, bool]]) -> bool:

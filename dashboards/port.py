@@ -187,7 +187,11 @@ def hold_early(host: str, port: int) -> None:
         held = Port(host, port)
     except RanklensError:
         return
-    held.serve_early(early_page.load())
+    try:
+        page = early_page.load()
+    except Exception:  # a cache that cannot be read is none: the start goes on as before
+        page = None
+    held.serve_early(page)
     _EARLY.append(held)
 
 
