@@ -30,7 +30,7 @@ os.environ.pop("LINES", None)
 # the tests' dashboards (in-process and the processes they start) keep theirs in one of this
 # session's own, removed at its end.
 if "RANKLENS_CACHE_DIR" not in os.environ:
-    os.environ["RANKLENS_CACHE_DIR"] = tempfile.mkdtemp(prefix="ranklens-test-cache-")
+    os.environ["RANKLENS_CACHE_DIR"] = tempfile.mkdtemp(prefix="rltests-page-cache-")
     atexit.register(shutil.rmtree, os.environ["RANKLENS_CACHE_DIR"], True)
 
 # Make `tests/` importable so test modules can `from kineto_builder import ...`.

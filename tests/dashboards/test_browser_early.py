@@ -20,6 +20,7 @@ from ranklens.ingest.run import ingest_traces
 
 from .conftest import REPO
 from .test_browser import DRAWN, open_page, severe_logs, wait_for
+from .test_early_page import _free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -54,14 +55,6 @@ class Server:
         if self.proc.stderr is not None:
             self.proc.stderr.close()
         return "".join(ln for _t, ln in self.lines)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str, deadline: float) -> tuple[float, bytes]:
