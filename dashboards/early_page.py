@@ -22,6 +22,7 @@ import hashlib
 import html
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -39,6 +40,7 @@ BASE = "http://ranklens-early-page.invalid"
 KEEP = 4  # copies of other keys kept (other environments share the cache)
 _PACKAGES = ("dash", "plotly", "dash_ag_grid", "flask", "werkzeug")
 _HERE = Path(__file__).resolve().parent
+_BODY = re.compile(r"[0-9]+\.body")  # the files store() names
 
 Headers = list[tuple[str, str]]
 
@@ -121,6 +123,8 @@ def load(key: str | None = None, root: Path | None = None) -> Page | None:
         }  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if not all(_BODY.fullmatch(k.body) for k in kept.values()):
+        return None  # a body named outside the copy's folder
     return Page(folder, kept)
 
 

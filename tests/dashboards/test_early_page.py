@@ -76,7 +76,10 @@ def test_a_copy_is_replaced_whole_and_old_keys_are_pruned(tmp_path: Path) -> Non
     (tmp_path / "k").chmod(0o777)
     assert early_page.load("k", tmp_path) is None  # anyone could have written it
     (tmp_path / "k").chmod(0o700)
-    (tmp_path / "k" / "manifest.json").write_text("{not json")
+    manifest = tmp_path / "k" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"0.body"', '"../k/0.body"'))
+    assert early_page.load("k", tmp_path) is None  # a body outside its folder
+    manifest.write_text("{not json")
     assert early_page.load("k", tmp_path) is None  # a damaged copy is none
 
 
