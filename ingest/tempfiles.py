@@ -34,10 +34,29 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
     Ctrl+C on a 1,024-rank sharded ingest). The stop is raised once the tree is gone."""
 
     def removed() -> bool:
-        shutil.rmtree(path, ignore_errors=True)  # only a stop raises
+        try:
+            shutil.rmtree(path, ignore_errors=True)  # only a stop raises
+        except OSError as exc:
+            stop = _stop_behind(exc)
+            if stop is None:
+                raise
+            raise stop from None  # held by through_stops, which removes the rest
         return True
 
     through_stops(removed)
+
+
+def _stop_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The stop that an OSError replaced, if any. Why: a stop landing in rmtree between its
+    `os.close(dirfd)` and the flag saying so makes its `finally` close the descriptor again
+    (EBADF), and that OSError, not the stop, leaves rmtree (CI, session 35): the tree was
+    left behind and the user saw an internal error instead of "interrupted"."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return seen
+        seen = seen.__context__
+    return None
 
 
 @contextmanager
