@@ -107,6 +107,7 @@ def test_a_second_start_answers_the_kept_page_while_it_loads(browser: Any, tmp_p
         assert got is not None and got[2] == body
 
         # the browser, on that page, waits for the app and draws the run
+        severe_logs(browser)  # (read: what the first start's page logged as it was stopped)
         open_page(browser, url, ".dash-graph", poll=0.1)
         wait_for(browser, DRAWN)
         about = browser.find_element("id", "run-about").text
