@@ -43,6 +43,7 @@ _HERE = Path(__file__).resolve().parent
 _BODY = re.compile(r"[0-9]+\.body")  # the files store() names
 
 Headers = list[tuple[str, str]]
+Response = tuple[str, Headers, bytes, bool]  # status line, headers, body, is a page
 
 
 def cache_dir() -> Path:
@@ -136,7 +137,7 @@ def _private(folder: Path) -> bool:
     return st.st_uid == uid and not st.st_mode & 0o022
 
 
-def same(page: Page | None, responses: dict[str, tuple[str, Headers, bytes, bool]]) -> bool:
+def same(page: Page | None, responses: dict[str, Response]) -> bool:
     """Whether `page` holds exactly these responses (what page_record would write)."""
     if page is None or set(page.kept) != set(responses):
         return False
@@ -153,7 +154,7 @@ def same(page: Page | None, responses: dict[str, tuple[str, Headers, bytes, bool
 
 
 def store(
-    responses: dict[str, tuple[str, Headers, bytes, bool]],
+    responses: dict[str, Response],
     key: str | None = None,
     root: Path | None = None,
 ) -> Path:

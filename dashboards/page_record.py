@@ -30,11 +30,11 @@ _DROP = {"date", "server", "content-length", "set-cookie"}
 _END_ID = re.compile(rb'"end_id":\s*"[^"]*"')
 
 
-def responses(app: dash.Dash) -> dict[str, tuple[str, early_page.Headers, bytes, bool]]:
+def responses(app: dash.Dash) -> dict[str, early_page.Response]:
     """Every page's HTML (its URL replaced by early_page.BASE) and each script, stylesheet
     and icon any of them names, as the app answers them."""
     client = app.server.test_client()
-    out: dict[str, tuple[str, early_page.Headers, bytes, bool]] = {}
+    out: dict[str, early_page.Response] = {}
     named: set[str] = set()
     for path in page_paths():
         with client.get(path, base_url=early_page.BASE) as got:

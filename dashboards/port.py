@@ -126,9 +126,7 @@ class Port:
     def stop(self, within: float = STOP_WAIT_S) -> bool:
         """Answer no new request (503) and wait, at most `within` s and through a second
         Ctrl+C, for those being answered; whether they all ended. Before the run is closed."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()  # requests waiting for an app that will not come
+        self._refuse_new()
         deadline = time.monotonic() + within
 
         def ended() -> bool:
@@ -141,12 +139,16 @@ class Port:
         return not self._busy
 
     def close(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
+        self._refuse_new()
         if self._early is not None and not self._ended.is_set():
             self._server.shutdown()  # its loop ends within its poll (0.5 s)
         self._server.server_close()
+
+    def _refuse_new(self) -> None:
+        """503 for every request from now on, those waiting for an app that will not come too."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
 
     def _call(self, environ: Any, start_response: Any) -> Any:
         with self._cond:

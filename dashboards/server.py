@@ -71,15 +71,15 @@ def serve(
 
 class Warmer:
     """Warms the pages on a thread as the port opens. First the first page, while the
-        browser fetches and compiles the page's scripts (~0.1-0.25 s; it used to wait for the
-        server rendering it before the port opened); its request, if earlier, waits for that
-        render (RunData.memo). Then what the first page does not need (the timeline's overview and
-        lanes, the comparison, every other page's default view), so the other pages are ready by
-        the time they are clicked; a page asked for before that is computed on demand (RunData
-        keeps one of each). Those start DRAW_WAIT_S after the first page's content was asked for
-        (or FIRST_PAGE_WAIT_S after the start), not to slow that page down: on 2 cores the warming
-        took the CPU the browser needed to draw it (0.3 s of a 1.3 s draw). The first of those keeps
-    this start's page for the next one to serve while it imports (page_record)."""
+    browser fetches and compiles the page's scripts (~0.1-0.25 s; it used to wait for the
+    server rendering it before the port opened); its request, if earlier, waits for that
+    render (RunData.memo). Then what the first page does not need (this start's page kept for
+    the next start to serve while it imports: page_record; the timeline's overview and lanes,
+    the comparison, every other page's default view), so the other pages are ready by the time
+    they are clicked; a page asked for before that is computed on demand (RunData keeps one of
+    each). Those start DRAW_WAIT_S after the first page's content was asked for (or
+    FIRST_PAGE_WAIT_S after the start), not to slow that page down: on 2 cores the warming took
+    the CPU the browser needed to draw it (0.3 s of a 1.3 s draw)."""
 
     def __init__(self, app: dash.Dash, data: RunData, base: Baseline | None) -> None:
         self._halt = threading.Event()
