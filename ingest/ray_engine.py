@@ -1,0 +1,125 @@
+"""The Ray executor of a sharded ingest (engines.py): Ray tasks running the rank task.
+
+Why checks before `ray.init`: Ray retries an address where nothing listens for minutes (a
+mistyped port had run 6 minutes when it was killed), and of a cluster that refuses this
+driver's token it logs "InvalidAuthToken" twenty times and raises "Failed to connect" after
+~20 s: the user gets the reason, and what to do, from us.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ranklens.ingest.errors import RanklensError
+
+if TYPE_CHECKING:  # Ray's workers import it with the task
+    from ranklens.ingest.rank_task import RankResult
+
+# A Ray instance started for one ingest: no dashboard (one more process, and a port opened for
+# nothing), and none of Ray's INFO and WARNING lines among the CLI's output (a timestamped
+# "Token authentication is enabled ..." and "Started a local Ray instance." on every run; its
+# errors still show).
+_LOCAL_RAY: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.ERROR}
+_REACH_S = 3.0  # how long a cluster's head may take to accept a TCP connection
+_HINT = "check --ray-address (e.g. ray://head:10001 or auto on a cluster node)"
+
+
+def results(
+    tasks: list[tuple[str, str, int]], run_dir: str, workers: int, address: str | None
+) -> Iterator[list[RankResult]]:
+    """Every task's results in order, run as Ray tasks (at most two per CPU in flight)."""
+    from ranklens.ingest.engines import in_order
+    from ranklens.ingest.rank_task import read_file
+
+    try:
+        import ray
+    except ImportError:
+        raise RanklensError(
+            "--engine ray needs Ray, which is not installed",
+            "pip install 'ranklens[ray]' (or pip install ray), or use --engine local",
+        ) from None
+    started = not ray.is_initialized()
+    if started:
+        _connect(ray, address, workers)
+    remote: Any = ray.remote(num_cpus=1, max_retries=0)(read_file)
+
+    def wait(ref: Any) -> list[RankResult]:
+        try:
+            return ray.get(ref)  # type: ignore[no-any-return]
+        except ray.exceptions.RayError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, RanklensError):  # the task's own (ShardWriteFailed), as is
+                raise cause from None
+            first = (str(exc).strip().splitlines() or ["?"])[-1][:200]
+            raise RanklensError(
+                f"a Ray task died while reading a trace ({first})",
+                "check the workers' memory and that the output directory is on storage "
+                "every node can write",
+            ) from None
+
+    try:
+        cpus: Any = ray.cluster_resources().get("CPU", workers)  # type: ignore[no-untyped-call]
+        ahead = 2 * max(1, int(cpus))
+        yield from in_order(lambda t: remote.remote(*t, run_dir), wait, tasks, ahead)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _connect(ray: Any, address: str | None, workers: int) -> None:
+    """ray.init: a local instance of `workers` CPUs for this ingest alone (address None), else
+    the cluster at `address`, checked first to answer at all."""
+    kwargs: dict[str, Any] = {"address": address, "log_to_driver": False}
+    if address is None:
+        kwargs.update(_LOCAL_RAY, num_cpus=workers)
+    else:
+        _answers(address)
+        kwargs["logging_level"] = logging.WARNING  # not Ray's "Connected to ..." lines
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        hint = _HINT
+        if address is not None and _host_port(address) is not None:
+            # something answered (_answers), then Ray refused this driver: the token, or the
+            # versions (or it is not a Ray head at all)
+            hint = (
+                f"{address} answered, but Ray did not take this process: a cluster with "
+                "token authentication (RAY_AUTH_MODE=token) needs its token here, in "
+                "RAY_AUTH_TOKEN or the file RAY_AUTH_TOKEN_PATH names (default "
+                "~/.ray/auth_token; `ray get-auth-token` on the head prints it); Ray and "
+                "Python must also be the cluster's versions, and the address its head's"
+            )
+        raise RanklensError(
+            f"cannot start or reach Ray at {address or 'a local instance'} ({exc})", hint
+        ) from None
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a `host:port` or `ray://host:port` address; None for `auto`, `local`
+    and what Ray resolves itself."""
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _answers(address: str) -> None:
+    """Raise a clear error when nothing accepts a TCP connection at the address' host:port."""
+    hp = _host_port(address)
+    if hp is None:
+        return
+    try:
+        with socket.create_connection(hp, timeout=_REACH_S):
+            pass
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise RanklensError(
+            f"no Ray cluster answers at {address} ({why})",
+            "start the cluster (`ray start --head` prints its address), or check --ray-address: "
+            "the head's host:port (its GCS, 6379 unless started with another), ray://head:10001 "
+            "(Ray Client), or auto on a node of the cluster",
+        ) from None
