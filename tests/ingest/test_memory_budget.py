@@ -1,5 +1,6 @@
 """DuckDB's memory budget during an ingest: a third of the input while the decoding workers
-run, two thirds for the stored results (loader._memory_limit_mb, _budget_mb).
+run, two thirds from the cross-rank stage on and for the stored results
+(loader._memory_limit_mb, _budget_mb).
 
 Why it matters: with a third, the analyses of a 1,024-rank job spilled their intermediates to
 disk (114 MB) and the stored results took 1.6 s longer; with more while the workers decode,
@@ -13,6 +14,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from ranklens.ingest import loader
+from ranklens.ingest import sink as sink_mod
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "megatron_tp2_pp2_dp2" / "raw"
 GIB = 2**30
@@ -29,29 +31,42 @@ def _as_duckdb_shows(mb: int) -> str:
 def test_the_stored_results_get_two_thirds_of_the_input(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
+    """A third while the ranks are read and written, two thirds from the cross-rank stage on
+    (every rank written, the decoding workers gone) and for the stored results."""
     files = loader.find_traces([SAMPLE])
     monkeypatch.setattr(loader, "file_size", lambda _f: size)  # every rank file this large
     pages = {"SC_PHYS_PAGES": 64 * GIB // 4096, "SC_PAGE_SIZE": 4096}  # on a 64 GiB machine
     monkeypatch.setattr(loader.os, "sysconf", lambda name: pages[name])
-    seen: dict[str, str] = {}
-    finish = loader.finish_database
+    seen: dict[str, set[str]] = {"traces": set(), "cross-rank": set(), "results": set()}
+    finish, write = loader.finish_database, sink_mod.write_ranks
+
+    def limit(con: duckdb.DuckDBPyConnection) -> str:
+        return str(con.execute("SELECT current_setting('memory_limit')").fetchone()[0])
+
+    def spy_write(con: duckdb.DuckDBPyConnection, *args: object) -> None:
+        seen["traces"].add(limit(con))
+        write(con, *args)  # type: ignore[arg-type]
 
     def spy(con: duckdb.DuckDBPyConnection, *args: object) -> None:
-        seen["traces"] = str(con.execute("SELECT current_setting('memory_limit')").fetchone()[0])
+        seen["cross-rank"].add(limit(con))
         finish(con, *args)  # type: ignore[arg-type]
 
     def finalize(con: duckdb.DuckDBPyConnection) -> None:
-        seen["results"] = str(con.execute("SELECT current_setting('memory_limit')").fetchone()[0])
+        seen["results"].add(limit(con))
 
+    monkeypatch.setattr(sink_mod, "write_ranks", spy_write)
     monkeypatch.setattr(loader, "finish_database", spy)
     loader.load_traces([SAMPLE], tmp_path / "run.duckdb", workers=1, finalize=finalize)
     total_mb = len(files) * size // 2**20
-    if size == 1024:  # a small run: the floor, both times
-        assert seen == {"traces": _as_duckdb_shows(256), "results": _as_duckdb_shows(256)}
+    if size == 1024:  # a small run: the floor, every time
+        floor = {_as_duckdb_shows(256)}
+        assert seen == {"traces": floor, "cross-rank": floor, "results": floor}
     else:
+        two = {_as_duckdb_shows(2 * total_mb // 3)}
         assert seen == {
-            "traces": _as_duckdb_shows(total_mb // 3),
-            "results": _as_duckdb_shows(2 * total_mb // 3),
+            "traces": {_as_duckdb_shows(total_mb // 3)},
+            "cross-rank": two,
+            "results": two,
         }
 
 
