@@ -16,7 +16,9 @@ compare with; bench_ingest.py compares single files with it.
 `--ray-cluster` also ingests into shards on a Ray cluster started beforehand (`ray start
 --head` on this machine with 1, then 2 CPUs), as a user's `--ray-address` reaches a running
 cluster: the local Ray run above starts its instance inside the ingest (~3-4 s of its traces
-stage), which a cluster has paid before the job.
+stage), which a cluster has paid before the job. On each cluster it then times the rank tasks
+alone, submitted as `--engine ray` does: once on workers the job boots (what every ingest
+pays: ~1 s on 2 cores), once more on the same workers booted (the throughput of a long run).
 
     python benchmarks/bench_shards.py [--tp 8 --dp 32 --pp 4 --m 8 --steps 2] [--kernels 6]
         [--no-ray] [--ray-cluster]
@@ -87,6 +89,32 @@ def _ray_head(cpus: int) -> str:
     return found.group(1)
 
 
+def _tasks_alone(address: str, files: list[Path], out: Path) -> tuple[float, float]:
+    """The rank tasks alone on the cluster at `address`, as `--engine ray` submits them: (wall
+    of all of them on workers this job boots, then again on the same workers, booted). The
+    first is what each ingest pays; the second is the throughput a long run sees."""
+    import ray
+    from ranklens.ingest.rank_task import read_file
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=0)(read_file)
+        walls = []
+        for attempt in range(2):
+            run = out / f"alone{attempt}"
+            shutil.rmtree(run, ignore_errors=True)
+            run.mkdir(parents=True)
+            t0 = time.perf_counter()
+            ray.get([remote.remote("kineto", str(f), i, str(run)) for i, f in enumerate(files)])
+            walls.append(time.perf_counter() - t0)
+            shutil.rmtree(run, ignore_errors=True)
+        return walls[0], walls[1]
+    finally:
+        ray.shutdown()
+        os.environ.pop("RAY_AUTH_MODE", None)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     job_shape.add_flags(ap, m=8, steps=2)
@@ -128,6 +156,7 @@ def main() -> None:
             )
     walls: dict[str, float] = {}
     stage: dict[str, float] = {}
+    alone: dict[int, tuple[float, float]] = {}  # Ray cluster CPUs: the tasks cold, warm
     prints: set[tuple[int, int, str]] = set()
     reports: set[bytes] = set()
     for label, dest, flags in runs:
@@ -139,6 +168,9 @@ def main() -> None:
         try:
             env = _RAY_ENV if cluster is not None else None
             t_in, rss_in, said = _timed([*EXE, "ingest", str(src), "-o", str(dest), *flags], env)
+            if cluster is not None:
+                files = sorted(src.glob("rank*.json"))
+                alone[len(alone) + 1] = _tasks_alone(cluster, files, out)
         finally:
             if cluster is not None:
                 subprocess.run([_RAY, "stop", "--force"], check=False, capture_output=True)
@@ -158,6 +190,12 @@ def main() -> None:
     if a.ray_cluster:
         r1, r2 = stage["shards, Ray cluster (1 CPU)"], stage["shards, Ray cluster (2 CPUs)"]
         print(f"Ray cluster, 2 CPUs over 1: {r1 / r2:.2f}x its traces stage")
+        (c1, w1), (c2, w2) = alone[1], alone[2]
+        print(
+            f"Ray cluster, the rank tasks alone: 1 CPU {c1:.1f} s on workers the job boots, "
+            f"{w1:.1f} s booted; 2 CPUs {c2:.1f} / {w2:.1f} s: {c1 / c2:.2f}x booting, "
+            f"{w1 / w2:.2f}x booted"
+        )
     s1, s2 = walls["shards, 1 worker"], walls["shards, 2 workers"]
     print(f"2 workers over 1 (shards): {s1 / s2:.2f}x the whole ingest, ", end="")
     one, two = stage["shards, 1 worker"], stage["shards, 2 workers"]
