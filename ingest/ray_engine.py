@@ -11,12 +11,11 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ranklens.ingest.engines import in_order
 from ranklens.ingest.errors import RanklensError
-
-if TYPE_CHECKING:  # Ray's workers import it with the task
-    from ranklens.ingest.rank_task import RankResult
+from ranklens.ingest.rank_task import RankResult, read_file
 
 # A Ray instance started for one ingest: no dashboard (one more process, and a port opened for
 # nothing), and none of Ray's INFO and WARNING lines among the CLI's output (a timestamped
@@ -31,9 +30,6 @@ def results(
     tasks: list[tuple[str, str, int]], run_dir: str, workers: int, address: str | None
 ) -> Iterator[list[RankResult]]:
     """Every task's results in order, run as Ray tasks (at most two per CPU in flight)."""
-    from ranklens.ingest.engines import in_order
-    from ranklens.ingest.rank_task import read_file
-
     try:
         import ray
     except ImportError:
