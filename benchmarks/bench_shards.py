@@ -96,7 +96,8 @@ def _tasks_alone(address: str, files: list[Path], out: Path) -> tuple[float, flo
     import ray
     from ranklens.ingest.rank_task import read_file
 
-    os.environ["RAY_AUTH_MODE"] = "disabled"
+    before = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = _RAY_ENV["RAY_AUTH_MODE"]  # as the cluster was started
     ray.init(address=address, log_to_driver=False, logging_level="ERROR")
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(read_file)
@@ -112,7 +113,10 @@ def _tasks_alone(address: str, files: list[Path], out: Path) -> tuple[float, flo
         return walls[0], walls[1]
     finally:
         ray.shutdown()
-        os.environ.pop("RAY_AUTH_MODE", None)
+        if before is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = before
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-from ranklens.ingest.engines import in_order
+from ranklens.ingest.engines import Task, in_order
 from ranklens.ingest.errors import RanklensError
 from ranklens.ingest.rank_task import RankResult, read_file
 
@@ -27,7 +27,7 @@ _HINT = "check --ray-address (e.g. ray://head:10001 or auto on a cluster node)"
 
 
 def results(
-    tasks: list[tuple[str, str, int]], run_dir: str, workers: int, address: str | None
+    tasks: list[Task], run_dir: str, workers: int, address: str | None
 ) -> Iterator[list[RankResult]]:
     """Every task's results in order, run as Ray tasks (at most two per CPU in flight)."""
     try:
@@ -69,18 +69,17 @@ def _connect(ray: Any, address: str | None, workers: int) -> None:
     """ray.init: a local instance of `workers` CPUs for this ingest alone (address None), else
     the cluster at `address`, checked first to answer at all."""
     kwargs: dict[str, Any] = {"address": address, "log_to_driver": False}
+    answered = False
     if address is None:
         kwargs.update(_LOCAL_RAY, num_cpus=workers)
     else:
-        _answers(address)
+        answered = _answers(address)
         kwargs["logging_level"] = logging.WARNING  # not Ray's "Connected to ..." lines
     try:
         ray.init(**kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         hint = _HINT
-        if address is not None and _host_port(address) is not None:
-            # something answered (_answers), then Ray refused this driver: the token, or the
-            # versions (or it is not a Ray head at all)
+        if answered:  # then Ray refused this driver: the token, or the versions (or no Ray head)
             hint = (
                 f"{address} answered, but Ray did not take this process: a cluster with "
                 "token authentication (RAY_AUTH_MODE=token) needs its token here, in "
@@ -103,11 +102,12 @@ def _host_port(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def _answers(address: str) -> None:
-    """Raise a clear error when nothing accepts a TCP connection at the address' host:port."""
+def _answers(address: str) -> bool:
+    """Whether something accepted a TCP connection at the address' host:port (False: an
+    address Ray resolves itself, not checked); a clear error when nothing did."""
     hp = _host_port(address)
     if hp is None:
-        return
+        return False
     try:
         with socket.create_connection(hp, timeout=_REACH_S):
             pass
@@ -119,3 +119,4 @@ def _answers(address: str) -> None:
             "the head's host:port (its GCS, 6379 unless started with another), ray://head:10001 "
             "(Ray Client), or auto on a node of the cluster",
         ) from None
+    return True
