@@ -9,6 +9,7 @@ their shards there; only the small results travel back).
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -57,6 +58,15 @@ def run_tasks(
         close = getattr(results, "close", None)
         if close is not None:
             close()
+
+
+def settle() -> None:
+    """Wait for what an executor finishes after its last result (Ray's local instance shutting
+    down beside the cross-rank stage and the stored results)."""
+    if "ranklens.ingest.ray_engine" in sys.modules:
+        from ranklens.ingest import ray_engine
+
+        ray_engine.settle()
 
 
 def _pool(tasks: list[Task], run_dir: str, workers: int) -> Iterator[list[RankResult]]:

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
-from ranklens.ingest import output, post, readers, sanity, shards, workpool
+from ranklens.ingest import engines, output, post, readers, sanity, shards, workpool
 from ranklens.ingest._model import Batch, Reader
 from ranklens.ingest.config import RunOptions
 from ranklens.ingest.crossrank import check_layout, finish_cross_rank
@@ -120,8 +120,11 @@ def load_traces(
                 finalize(con)
                 report.seconds["results"] = time.perf_counter() - started - report.seconds["traces"]
             con.execute("CHECKPOINT")
+            engines.settle()  # Ray's local instance, shut down beside the stages since
         finally:
             con.close()
+            with contextlib.suppress(Exception):  # the error being raised is the one to say
+                engines.settle()
     report.seconds["total"] = time.perf_counter() - started  # the run in place
     report.warnings += _small_shards(sharded, files)  # about this ingest, not stored in the run
     return report
@@ -254,8 +257,6 @@ def _run_tasks(
     """A sharded ingest: each file is one per-rank task (engines.py) and the writer records
     what it returns, in the same file order as a file ingest (so a rank claimed twice is
     refused for the same file)."""
-    from ranklens.ingest.engines import run_tasks
-
     assert how.run_dir is not None
     tasks = [(reader.name, path, tid) for reader, batch in ordered for tid, path in batch.files]
 
@@ -264,7 +265,9 @@ def _run_tasks(
             sink.add_result(res)
         file_done(path)
 
-    run_tasks(tasks, how.run_dir, workers=n, engine=how.engine, address=how.ray_address, done=done)
+    engines.run_tasks(
+        tasks, how.run_dir, workers=n, engine=how.engine, address=how.ray_address, done=done
+    )
 
 
 _SMALL_RANK_BYTES = 8 * 2**20

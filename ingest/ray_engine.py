@@ -16,6 +16,7 @@ from typing import Any
 from ranklens.ingest.engines import Task, in_order
 from ranklens.ingest.errors import RanklensError
 from ranklens.ingest.rank_task import RankResult, read_file
+from ranklens.ingest.threads import Helper
 
 # A Ray instance started for one ingest: no dashboard (one more process, and a port opened for
 # nothing), and none of Ray's INFO and WARNING lines among the CLI's output (a timestamped
@@ -24,6 +25,10 @@ from ranklens.ingest.rank_task import RankResult, read_file
 _LOCAL_RAY: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.ERROR}
 _REACH_S = 3.0  # how long a cluster's head may take to accept a TCP connection
 _HINT = "check --ray-address (e.g. ray://head:10001 or auto on a cluster node)"
+# The local instance's shutdown, once its tasks are all done, on a thread of its own: it waits
+# 1.1-1.3 s for Ray's processes to exit (0.09 CPU-s), which the ingest's cross-rank stage and
+# stored results fill instead. One at a time: Ray's instance is the process's.
+_closing: list[_Closing] = []
 
 
 def results(
@@ -37,6 +42,7 @@ def results(
             "--engine ray needs Ray, which is not installed",
             "pip install 'ranklens[ray]' (or pip install ray), or use --engine local",
         ) from None
+    settle()  # a local instance still shutting down is not one to run on
     started = not ray.is_initialized()
     if started:
         _connect(ray, address, workers)
@@ -56,13 +62,42 @@ def results(
                 "every node can write",
             ) from None
 
+    finished = False
     try:
         cpus: Any = ray.cluster_resources().get("CPU", workers)  # type: ignore[no-untyped-call]
         ahead = 2 * max(1, int(cpus))
         yield from in_order(lambda t: remote.remote(*t, run_dir), wait, tasks, ahead)
+        finished = True
     finally:
-        if started:
+        if started and finished:  # nothing in flight: the ingest goes on meanwhile
+            _closing.append(_Closing(ray))
+        elif started:  # an error or an interrupt: tasks in flight stop before the run is removed
             ray.shutdown()
+
+
+class _Closing:
+    """ray.shutdown on a thread; its error, if any, kept for settle() to raise."""
+
+    def __init__(self, ray: Any) -> None:
+        self.ray = ray
+        self.error: BaseException | None = None
+        self.helper = Helper(self._run, name="ranklens-ray-shutdown").start()
+
+    def _run(self) -> None:
+        try:
+            self.ray.shutdown()
+        except BaseException as exc:  # raised by settle(), in the ingest's thread
+            self.error = exc
+
+
+def settle() -> None:
+    """Wait for the shutdown of a local instance that `results` left running (loader: before
+    an ingest returns, so that no Ray process outlives it); its error raised here."""
+    while _closing:
+        c = _closing.pop()
+        c.helper.wait()
+        if c.error is not None:
+            raise c.error
 
 
 def _connect(ray: Any, address: str | None, workers: int) -> None:

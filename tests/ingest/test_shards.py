@@ -147,6 +147,29 @@ def test_local_ray_same_tables(tmp_path: Path) -> None:
     assert_same(a, tmp_path / "ray")
 
 
+def test_own_local_ray_shuts_down_beside_the_rest(tmp_path: Path) -> None:
+    """The Ray instance an ingest starts for itself is shut down on a thread once its tasks
+    are done (its 1.1-1.3 s of waiting for Ray's processes overlaps the stored results), and
+    is gone when load_traces returns: no Ray left initialized, nothing pending."""
+    ray = pytest.importorskip("ray", reason="Ray is part of the dev extra (CI installs it)")
+    from ranklens.ingest import ray_engine
+
+    assert not ray.is_initialized()
+    raw, _ = _job(tmp_path, peers=False)
+    seen: list[bool] = []
+
+    def finalize(con: duckdb.DuckDBPyConnection) -> None:  # runs after the traces stage
+        seen.append(bool(ray_engine._closing))
+
+    load_traces([str(raw)], tmp_path / "ray", storage="shards", engine="ray", workers=2,
+                finalize=finalize)  # fmt: skip
+    assert seen == [True]  # still shutting down while the ingest went on
+    assert not ray.is_initialized() and ray_engine._closing == []
+    one = tmp_path / "one.duckdb"
+    load_traces([str(raw)], one, workers=1)
+    assert_same(one, tmp_path / "ray")
+
+
 def test_bad_file_skipped_with_its_shards(tmp_path: Path) -> None:
     raw, _ = _job(tmp_path)
     (raw / "rank3.json").write_text('{"traceEvents": [')  # truncated
