@@ -229,7 +229,8 @@ def _ingest(
     # stored results' budget (with a third, a 5 M-kernel Nsight export's 250 k collectives
     # took 0.61-0.63 s to match and align, 0.38-0.46 s with 500 MB or more).
     written = int(con.execute("SELECT count(*) FROM events").fetchall()[0][0])
-    con.execute(f"SET memory_limit = '{_memory_limit_mb(files, thirds=2, events=written)}MB'")
+    budget = _memory_limit_mb(files, 2, written, CROSS_RANK_BYTES_PER_EVENT)
+    con.execute(f"SET memory_limit = '{budget}MB'")
     check_layout(con, how.options)
     finish_database(con, sink.groups)
     if readers.infers_communicators(routed):
@@ -286,23 +287,32 @@ def _small_shards(sharded: bool, files: list[str]) -> list[str]:
     ]
 
 
-# The stored results' working set per event (the held activity islands, the joins over them):
-# 155 B/event did not spill on a 1,024-rank job (593 MB for 3.83 M events).
-RESULTS_BYTES_PER_EVENT = 160
+# DuckDB's working set per event from the cross-rank stage on: 155 B/event did not spill on a
+# 1,024-rank job's analyses alone (593 MB for 3.83 M events). The stored results run the
+# analyses beside the dependency graph's own queries (the numbered events, the contention
+# kernels), on the same budget: with 240 B/event that stage took 0.7 s less on that job (3
+# pairs alternated: 10.3-10.9 s against 11.1-11.7; peak 1.40 -> 1.62 GB) and ~1 s less on a
+# 5 M-kernel Nsight export (30.3-32.8 s against 32.2-33.0; peak unchanged, 4.5 GB).
+CROSS_RANK_BYTES_PER_EVENT = 160
+RESULTS_BYTES_PER_EVENT = 240
 
 
-def _memory_limit_mb(files: list[str], thirds: int, events: int = 0) -> int:
+def _memory_limit_mb(
+    files: list[str], thirds: int, events: int = 0, per_event: int | None = None
+) -> int:
     """DuckDB's budget, `thirds` thirds of the input (_budget_mb bounds it). While the traces
     are decoded, a third, so that with the decoding workers the whole ingest stays near the
     input's size. For the stored results (`finalize`), two: the workers are gone by then, and
     with a third the analyses spilled their intermediates to disk (a 1,024-rank job, 889 MB of
     traces: 114 MB spilled, the stored results 1.6 s, 3.3 CPU-s, longer; the whole ingest's
-    peak stays ~1.5 GB); and at least RESULTS_BYTES_PER_EVENT per event (`events`), since what
-    the analyses hold grows with the events, not with the bytes that held them: an Nsight
+    peak stays ~1.5 GB); and at least `per_event` bytes (default RESULTS_BYTES_PER_EVENT) per
+    event (`events`), since what the analyses hold grows with the events, not with the bytes
+    that held them: an Nsight
     export packs ~100 B a kernel, Kineto JSON ~300 (a 5 M-kernel export's 478 MB gave 318 MB,
     and overlap, contention and stragglers took 17.8 s there against 12.0 s with 775 MB)."""
     size = thirds * sum(file_size(f) for f in files) // 3
-    return _budget_mb(max(size, RESULTS_BYTES_PER_EVENT * events))
+    each = RESULTS_BYTES_PER_EVENT if per_event is None else per_event
+    return _budget_mb(max(size, each * events))
 
 
 def _budget_mb(nbytes: int) -> int:

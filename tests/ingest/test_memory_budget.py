@@ -85,18 +85,31 @@ def test_the_stored_results_get_room_for_every_event(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An input dense in events (an Nsight export packs ~100 B a kernel) gets at least
-    RESULTS_BYTES_PER_EVENT per event for its stored results, whatever its bytes: here tiny
-    files and 1 MB an event, so the budget is the events' count in MB."""
+    CROSS_RANK_BYTES_PER_EVENT per event for its cross-rank stage and RESULTS_BYTES_PER_EVENT
+    for its stored results (the analyses beside the graph's queries), whatever its bytes: here
+    tiny files, 512 kB and 1 MB an event, so the budgets are the events' count in MB, halved
+    for the cross-rank stage."""
     monkeypatch.setattr(loader, "file_size", lambda _f: 1024)
+    monkeypatch.setattr(loader, "CROSS_RANK_BYTES_PER_EVENT", 2**19)
     monkeypatch.setattr(loader, "RESULTS_BYTES_PER_EVENT", 2**20)
     pages = {"SC_PHYS_PAGES": 64 * GIB // 4096, "SC_PAGE_SIZE": 4096}
     monkeypatch.setattr(loader.os, "sysconf", lambda name: pages[name])
     seen: dict[str, str] = {}
+    finish = loader.finish_database
+
+    def limit(con: duckdb.DuckDBPyConnection) -> str:
+        return str(con.execute("SELECT current_setting('memory_limit')").fetchone()[0])
+
+    def spy(con: duckdb.DuckDBPyConnection, *args: object) -> None:
+        seen["cross-rank"] = limit(con)
+        finish(con, *args)  # type: ignore[arg-type]
 
     def finalize(con: duckdb.DuckDBPyConnection) -> None:
-        seen["results"] = str(con.execute("SELECT current_setting('memory_limit')").fetchone()[0])
+        seen["results"] = limit(con)
         seen["events"] = str(con.execute("SELECT count(*) FROM events").fetchone()[0])
 
+    monkeypatch.setattr(loader, "finish_database", spy)
     report = loader.load_traces([SAMPLE], tmp_path / "run.duckdb", workers=1, finalize=finalize)
-    assert report.n_events == int(seen["events"]) > 256  # past the floor, so it is the events'
+    assert report.n_events == int(seen["events"]) > 512  # past the floor, so it is the events'
     assert seen["results"] == _as_duckdb_shows(report.n_events)
+    assert seen["cross-rank"] == _as_duckdb_shows(report.n_events // 2)
