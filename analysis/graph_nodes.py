@@ -129,11 +129,7 @@ def nodes(
     n_start = u_s[starts]
     n_end = np.maximum.reduceat(u_e, starts) if n_u else u_e
     busy = un.pop("busy")
-    n_busy = (
-        np.stack([np.add.reduceat(busy[:, k], starts) for k in range(3)], axis=1)
-        if n_u
-        else np.zeros((0, 3))
-    )
+    n_busy = np.add.reduceat(busy, starts, axis=0) if n_u else np.zeros((0, 3))
     del busy, u_s, u_e
     n_first_eid, n_comm = u_first[starts], u_member[starts]
     n_block = mk.blocking[starts]

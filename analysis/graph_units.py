@@ -73,7 +73,9 @@ def units(
         i_s = s[i_first]
         i_e = np.maximum.reduceat(e[idx], i_start)
         dur = (e[idx] - s[idx]).astype(np.float64)
-        sums = np.stack([np.bincount(isl, weights=dur * (cls[idx] == k)) for k in (0, 1, 2)], 1)
+        # per island and class (0-2: a lone event is the only host call, class 3) at once
+        n_isl = len(i_start)
+        sums = np.bincount(isl * 3 + cls[idx], weights=dur, minlength=3 * n_isl).reshape(-1, 3)
         tot = sums.sum(axis=1)
         frac = np.divide(sums, tot[:, None], out=np.zeros_like(sums), where=tot[:, None] > 0)
         busy = frac * (i_e - i_s)[:, None]
@@ -84,12 +86,15 @@ def units(
     pos[order] = np.arange(len(order))
     of_event[idx] = pos[isl]
     of_event[m_idx] = pos[len(i_first) + np.arange(len(m_idx))]
+    u_busy = np.zeros((len(order), 3))  # a lone event's: zeros (scattered, not gathered)
+    u_busy[pos[: len(i_first)]] = busy
+    u_first = first[order]
     return {
-        "first": first[order],
-        "lane": lane[first[order]],
+        "first": u_first,
+        "lane": lane[u_first],
         "s": np.concatenate([i_s, s[m_idx]])[order],
         "e": np.concatenate([i_e, e[m_idx]])[order],
-        "busy": np.concatenate([busy, np.zeros((len(m_idx), 3))])[order],
+        "busy": u_busy,
         "of_event": of_event,
     }
 
