@@ -120,7 +120,7 @@ def load_traces(
                 finalize(con)
                 report.seconds["results"] = time.perf_counter() - started - report.seconds["traces"]
             con.execute("CHECKPOINT")
-            engines.settle()  # Ray's local instance, shut down beside the stages since
+            engines.settle()  # Ray, shutting down since its last task (ray_engine.py)
         finally:
             con.close()
             with contextlib.suppress(Exception):  # the error being raised is the one to say
@@ -225,9 +225,10 @@ def _ingest(
         raise NoTracesError(
             f"no trace could be ingested ({reasons or 'no files'})", "fix or remove the bad files"
         )
-    # Every rank is written and the decoding workers are gone: the cross-rank stage gets the
-    # stored results' budget (with a third, a 5 M-kernel Nsight export's 250 k collectives
-    # took 0.61-0.63 s to match and align, 0.38-0.46 s with 500 MB or more).
+    # Every rank is written and the decoding workers are gone: the cross-rank stage gets two
+    # thirds of the input, or CROSS_RANK_BYTES_PER_EVENT per event (with a third, a 5 M-kernel
+    # Nsight export's 250 k collectives took 0.61-0.63 s to match and align, 0.38-0.46 s with
+    # 500 MB or more).
     written = int(con.execute("SELECT count(*) FROM events").fetchall()[0][0])
     budget = _memory_limit_mb(files, 2, written, CROSS_RANK_BYTES_PER_EVENT)
     con.execute(f"SET memory_limit = '{budget}MB'")
@@ -307,9 +308,9 @@ def _memory_limit_mb(
     traces: 114 MB spilled, the stored results 1.6 s, 3.3 CPU-s, longer; the whole ingest's
     peak stays ~1.5 GB); and at least `per_event` bytes (default RESULTS_BYTES_PER_EVENT) per
     event (`events`), since what the analyses hold grows with the events, not with the bytes
-    that held them: an Nsight
-    export packs ~100 B a kernel, Kineto JSON ~300 (a 5 M-kernel export's 478 MB gave 318 MB,
-    and overlap, contention and stragglers took 17.8 s there against 12.0 s with 775 MB)."""
+    that held them: an Nsight export packs ~100 B a kernel, Kineto JSON ~300 (a 5 M-kernel
+    export's 478 MB gave 318 MB, and overlap, contention and stragglers took 17.8 s there
+    against 12.0 s with 775 MB)."""
     size = thirds * sum(file_size(f) for f in files) // 3
     each = RESULTS_BYTES_PER_EVENT if per_event is None else per_event
     return _budget_mb(max(size, each * events))

@@ -25,9 +25,10 @@ from ranklens.ingest.threads import Helper
 _LOCAL_RAY: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.ERROR}
 _REACH_S = 3.0  # how long a cluster's head may take to accept a TCP connection
 _HINT = "check --ray-address (e.g. ray://head:10001 or auto on a cluster node)"
-# The local instance's shutdown, once its tasks are all done, on a thread of its own: it waits
+# ray.shutdown, once every task is done, on a thread of its own: for a local instance it waits
 # 1.1-1.3 s for Ray's processes to exit (0.09 CPU-s), which the ingest's cross-rank stage and
-# stored results fill instead. One at a time: Ray's instance is the process's.
+# stored results fill instead (--engine ray on 8 x 60 MB: 11.7 -> 10.1 s, 3 pairs alternated).
+# One at a time: Ray's instance is the process's.
 _closing: list[_Closing] = []
 
 
