@@ -127,6 +127,10 @@ def load_traces(
                 engines.settle()
     report.seconds["total"] = time.perf_counter() - started  # the run in place
     report.warnings += _small_shards(sharded, files)  # about this ingest, not stored in the run
+    if engine == "ray":
+        from ranklens.ingest import ray_engine
+
+        report.warnings += ray_engine.environment_notes()
     return report
 
 

@@ -96,3 +96,28 @@ def test_addresses_ray_resolves_itself_are_not_checked() -> None:
     assert ray.calls[0]["address"] == "auto"
     assert err.value.hint is not None
     assert "check --ray-address" in err.value.hint and "RAY_AUTH_TOKEN" not in err.value.hint
+
+
+@pytest.mark.parametrize(
+    ("present", "noted"),
+    [
+        ({"rfc3987_syntax"}, True),  # Jupyter's environment: jsonschema takes the slow one
+        ({"rfc3987_syntax", "rfc3987"}, False),  # jsonschema prefers rfc3987
+        (set(), False),
+        ({"rfc3987"}, False),
+    ],
+)
+def test_an_environment_that_slows_every_ray_process_is_named(
+    monkeypatch: pytest.MonkeyPatch, present: set[str], noted: bool
+) -> None:
+    monkeypatch.setattr(ray_engine, "_installed", lambda name: name in present)
+    notes = ray_engine.environment_notes()
+    assert bool(notes) == noted
+    if noted:
+        assert "rfc3987_syntax" in notes[0] and "pip install rfc3987" in notes[0]
+
+
+def test_the_check_reads_this_environment() -> None:
+    """_installed asks the import system, without importing (jsonschema, here, is not)."""
+    assert ray_engine._installed("json") and not ray_engine._installed("no_such_module_xyz")
+    assert "rfc3987_syntax" not in sys.modules or ray_engine._installed("rfc3987_syntax")

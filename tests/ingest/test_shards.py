@@ -161,13 +161,31 @@ def test_own_local_ray_shuts_down_beside_the_rest(tmp_path: Path) -> None:
     def finalize(con: duckdb.DuckDBPyConnection) -> None:  # runs after the traces stage
         seen.append(bool(ray_engine._closing))
 
-    load_traces([str(raw)], tmp_path / "ray", storage="shards", engine="ray", workers=2,
-                finalize=finalize)  # fmt: skip
+    rep = load_traces([str(raw)], tmp_path / "ray", storage="shards", engine="ray", workers=2,
+                      finalize=finalize)  # fmt: skip
     assert seen == [True]  # still shutting down while the ingest went on
+    assert not [w for w in rep.warnings if "Ray" in w]  # nothing here slows Ray's processes
     assert not ray.is_initialized() and ray_engine._closing == []
     one = tmp_path / "one.duckdb"
     load_traces([str(raw)], one, workers=1)
     assert_same(one, tmp_path / "ray")
+
+
+def test_a_ray_ingest_says_what_slows_ray_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In an environment with Jupyter's rfc3987_syntax (and not rfc3987), which each Ray
+    process imports through jsonschema, the ingest's warnings say so and what to do."""
+    pytest.importorskip("ray", reason="Ray is part of the dev extra (CI installs it)")
+    from ranklens.ingest import ray_engine
+
+    monkeypatch.setattr(ray_engine, "_installed", lambda name: name == "rfc3987_syntax")
+    raw, _ = _job(tmp_path, peers=False)
+    rep = load_traces([str(raw)], tmp_path / "ray", storage="shards", engine="ray", workers=2)
+    said = [w for w in rep.warnings if "Ray" in w]
+    assert len(said) == 1 and "rfc3987_syntax" in said[0] and "pip install rfc3987" in said[0]
+    local = load_traces([str(raw)], tmp_path / "local", storage="shards", workers=2)
+    assert not [w for w in local.warnings if "Ray" in w]  # only a Ray ingest says it
 
 
 def test_bad_file_skipped_with_its_shards(tmp_path: Path) -> None:
