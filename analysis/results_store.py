@@ -227,6 +227,29 @@ def finalize_run(con: duckdb.DuckDBPyConnection) -> None:
     kept = model
     _if_it_fits(con, lambda: store_report(con, None if kept is None else lambda: kept))
     _if_it_fits(con, lambda: store_overview(con))
+    mark_made(con)
+
+
+MADE = "results_made_by"  # meta: the tool and run state the stored results were made for
+
+
+def mark_made(con: duckdb.DuckDBPyConnection) -> None:
+    """Say in `meta` that this tool stored what it could of this state of the run's results
+    (a part that did not fit or would not read back is computed by the faces), so a face
+    that finds the mark does not try to store them again."""
+    con.execute("DELETE FROM meta WHERE key = ?", [MADE])
+    con.execute("INSERT INTO meta VALUES (?, ?)", [MADE, _made_by(con)])
+
+
+def made_here(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether this tool already stored the results of this state of the run (mark_made);
+    False after `ingest --results later`, an upgrade, or a run from before the mark."""
+    row = con.execute("SELECT value FROM meta WHERE key = ?", [MADE]).fetchone()
+    return row is not None and row[0] == _made_by(con)
+
+
+def _made_by(con: duckdb.DuckDBPyConnection) -> str:
+    return f"{tool_version()};schema={SCHEMA_VERSION};{_stamp(con)}"
 
 
 def _if_it_fits(con: duckdb.DuckDBPyConnection, step: Callable[[], object]) -> bool:

@@ -56,6 +56,14 @@ SourceArg = Annotated[
 FormatOpt = Annotated[
     str, typer.Option("--format", "-f", help="table (rich text), json, csv or markdown.")
 ]
+NoStoreOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-store",
+        help="Leave a database whose stored results are missing or stale as it is (they are "
+        "computed, not kept).",
+    ),
+]
 SkipBadOpt = Annotated[
     bool, typer.Option("--skip-bad", help="Skip unreadable files (listed in the report).")
 ]

@@ -23,6 +23,7 @@ INGEST_VALUED = frozenset(
         "--workers",
         "--offsets",
         "--layout",
+        "--results",
     }
 )
 

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-from ranklens.analysis import by_name, run_compare
+from ranklens.analysis import by_name, results_keep, run_compare
 from ranklens.analysis.advice import tailor
 from ranklens.analysis.report import build_report
-from ranklens.analysis.results_store import finalize_run
 from ranklens.analysis.run_profile import profile
 from ranklens.analysis.sql_console import run_sql
 from ranklens.cli import render
@@ -26,6 +25,7 @@ from ranklens.cli.app import (
     FROM_FLAGS,
     FormatOpt,
     LayoutOpt,
+    NoStoreOpt,
     SourceArg,
     app,
     err,
@@ -79,6 +79,15 @@ def ingest(
             help="Ray cluster to use (e.g. auto, ray://head:10001); default: a local Ray.",
         ),
     ] = None,
+    results: Annotated[
+        str,
+        typer.Option(
+            "--results",
+            help="now: store every analysis' results in the run (faces start fast). later: "
+            "the views only; the first report or dashboard stores them (a large capture is "
+            "queryable sooner).",
+        ),
+    ] = "now",
     opts: OpenOptions = FROM_FLAGS,
 ) -> None:
     """Load one trace per rank (Kineto JSON/.json.gz, Nsight SQLite) into a DuckDB file, or a
@@ -87,6 +96,8 @@ def ingest(
         raise typer.BadParameter(f"unknown storage {storage!r}; use one of {STORAGES}")
     if engine not in ENGINES:
         raise typer.BadParameter(f"unknown engine {engine!r}; use one of {ENGINES}")
+    if results not in results_keep.WHEN:
+        raise typer.BadParameter(f"unknown --results {results!r}; use one of {results_keep.WHEN}")
     with progress_bar() as prog:
         task = prog.add_task("ingesting", total=None)
         rep = ingest_traces(
@@ -94,20 +105,23 @@ def ingest(
             output,
             opts,
             progress=lambda done, total: prog.update(task, completed=done, total=total),
-            finalize=finalize_run,  # views and stored results, before the atomic rename
+            finalize=results_keep.finalizer(results),  # before the atomic rename
             storage="shards" if engine == "ray" else storage,
             engine=engine,
             ray_address=ray_address,
         )
     out.print(f"ingested {len(rep.ranks)} rank(s), {rep.n_events:,} events -> {output}")
-    out.print(render.ingest_seconds(rep.seconds), highlight=False)
+    last = "views" if results == "later" else "stored results"
+    out.print(render.ingest_seconds(rep.seconds, last), highlight=False)
     for s in rep.skipped:
         err.print(f"[yellow]skipped:[/] {escape(s.message)}", highlight=False)
     for w in rep.warnings:
         err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
+    if results == "later":
+        err.print(f"note: {results_keep.LATER_NOTE}", highlight=False)
 
 
-def _report(source: list[str], fmt: str, opts: OpenOptions) -> None:
+def _report(source: list[str], fmt: str, opts: OpenOptions, store: bool = True) -> None:
     if fmt not in render.FORMATS:
         raise typer.BadParameter(f"unknown format {fmt!r}; use one of {render.FORMATS}")
     with progress_bar() as prog:
@@ -115,6 +129,10 @@ def _report(source: list[str], fmt: str, opts: OpenOptions) -> None:
         with open_run(
             source, opts, progress=lambda d, t: prog.update(task, completed=d, total=t)
         ) as run:
+            if store and run.report is None:  # a database: its results stored at first use
+                note = results_keep.keep(run.db_path, log=_note).message
+                if note:
+                    _note(note)
             rep = build_report(run.con)
     if fmt == "json":
         out.out(render.report_json(rep), highlight=False)
@@ -132,10 +150,17 @@ def report(
     source: SourceArg,
     fmt: FormatOpt = "table",
     opts: OpenOptions = FROM_FLAGS,
+    no_store: NoStoreOpt = False,
 ) -> None:
     """Findings ranked by time at stake, then per-rank breakdown, overlap and parallelism,
-    alignment quality and stragglers. Alignment/layout options apply to trace inputs."""
-    _report(source, fmt, opts)
+    alignment quality and stragglers. Alignment/layout options apply to trace inputs. A
+    database whose results are missing or stale (ingest --results later, another ranklens)
+    gets them stored, atomically, when it can be written (not with --no-store)."""
+    _report(source, fmt, opts, store=not no_store)
+
+
+def _note(msg: str) -> None:
+    err.print(f"note: {escape(msg)}", highlight=False)
 
 
 @app.command()
@@ -244,6 +269,7 @@ def dashboard(
         str | None,
         typer.Option(help="Regression allowed vs --baseline on the Compare page (5%), as check's."),
     ] = None,
+    no_store: NoStoreOpt = False,
 ) -> None:
     """Serve the dashboard: overview, aligned timeline, pipeline, communication, contention and
     stragglers, findings, a comparison with --baseline, read-only SQL. Trace inputs are
@@ -269,6 +295,7 @@ def dashboard(
         log=lambda msg: err.print(msg, highlight=False),
         baseline=baseline,
         check_config=thresholds,
+        store=not no_store,
     )
 
 

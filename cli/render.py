@@ -389,11 +389,12 @@ def finding_gain(fd: Finding) -> str:
     return f"~{stake} ms/step at stake" if fd.time_at_stake_ns else savings.NO_STAKE
 
 
-def ingest_seconds(seconds: dict[str, float]) -> str:
-    """Where an ingest's time went: "in 12.3 s (traces 9.1 s, stored results 3.0 s)"."""
+def ingest_seconds(seconds: dict[str, float], last: str = "stored results") -> str:
+    """Where an ingest's time went: "in 12.3 s (traces 9.1 s, stored results 3.0 s)"; `last`
+    names its last step (the views only, with --results later)."""
     parts = [
         f"{label} {seconds[key]:.1f} s"
-        for key, label in (("traces", "traces"), ("results", "stored results"))
+        for key, label in (("traces", "traces"), ("results", last))
         if key in seconds
     ]
     total = f"in {seconds.get('total', 0.0):.1f} s"

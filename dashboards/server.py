@@ -19,6 +19,7 @@ from functools import partial
 import dash
 import flask
 from ranklens.analysis.check_config import CheckConfig
+from ranklens.analysis.results_keep import keep
 from ranklens.dashboards import page_record
 from ranklens.dashboards.app import create_app, page_paths, warm_pages
 from ranklens.dashboards.data import RunData
@@ -40,17 +41,22 @@ def serve(
     log: Callable[[str], None] = print,
     baseline: str | None = None,
     check_config: CheckConfig | None = None,
+    store: bool = True,
 ) -> None:
     """Hold the port, ingest if needed, analyze, and serve until interrupted (127.0.0.1 unless
     told; port 0: any free one).
     `baseline`: a second run (database or traces, opened the same way, read-only) that the
     compare page sets the first against, judged with `check_config` (run_compare.baseline_config
     of `dashboard --config/--max-regression`, so the page says what `check` would; None:
-    ./pyproject.toml's thresholds)."""
+    ./pyproject.toml's thresholds). `store`: a database whose results are missing or stale
+    gets them stored first (results_keep), so the next start serves them."""
     with ExitStack() as stack:
         held = Port.take(host, port)  # held by the console script already, if it could
         stack.callback(held.close)
         run = stack.enter_context(open_run(source, options))
+        # a database, not a temporary ingest: its results stored first when they are not
+        if store and run.report is None and (note := keep(run.db_path, log=log).message):
+            log(note)
         data = RunData(run.db_path)  # its own sandboxed connections: see Run
         stack.callback(data.close)
         base: Baseline | None = None

@@ -92,6 +92,28 @@ def realign_run(
         OutputError: the file or its directory cannot be written, or an ingest writes it.
         ConfigError: a layout that does not fit the run.
     """
+    facts: dict[str, str] = {}
+
+    def work(con: duckdb.DuckDBPyConnection) -> None:
+        facts.update(realign_tables(con, options or RunOptions()))
+        if finalize is not None:
+            finalize(con)
+
+    rewrite_run(db_path, work)
+    return _report(str(db_path), facts)
+
+
+def rewrite_run(
+    db_path: str | os.PathLike[str], work: Callable[[duckdb.DuckDBPyConnection], None]
+) -> None:
+    """Run `work` on a writable copy of the run database `db_path` (a sharded run: its catalog,
+    the shards attached) and put the copy in place by one rename, under the run's lock: an
+    interrupted rewrite leaves the previous database, and readers holding it keep reading it.
+
+    Raises:
+        DatabaseError: no such file, not a ranklens database, or held by a writer.
+        OutputError: the file or its directory cannot be written, or another writer holds it.
+    """
     out = _database_path(db_path)
     output.check_output(out, [])
     run_dir = (
@@ -107,13 +129,10 @@ def realign_run(
             con.execute("SET enable_progress_bar = false")
             if run_dir is not None:
                 shards.attach(con, run_dir)
-            facts = realign_tables(con, options or RunOptions())
-            if finalize is not None:
-                finalize(con)
+            work(con)
             con.execute("CHECKPOINT")
         finally:
             con.close()
-    return _report(str(db_path), facts)
 
 
 def _database_path(db_path: str | os.PathLike[str]) -> Path:

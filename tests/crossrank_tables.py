@@ -12,8 +12,10 @@ QUERIES = {
     "collectives": "SELECT * FROM collectives ORDER BY ALL",
     "ranks": "SELECT * FROM ranks ORDER BY rank",
     "process_groups": "SELECT * FROM process_groups ORDER BY ALL",
-    # the facts it records; the stamps of the ingest and the realign differ by design
-    "meta": "SELECT * FROM meta WHERE key NOT IN ('ingested_at', 'realigned_at') ORDER BY ALL",
+    # the facts it records; the stamps of the ingest and the realign (and the stored results'
+    # mark, made of them) differ by design
+    "meta": "SELECT * FROM meta "
+    "WHERE key NOT IN ('ingested_at', 'realigned_at', 'results_made_by') ORDER BY ALL",
 }
 
 

@@ -146,3 +146,41 @@ def test_a_page_being_built_is_built_once(stored: Path) -> None:
         assert data.memo("j", lambda: "again") == "again"
     finally:
         data.close()
+
+
+@pytest.mark.parametrize("store", [True, False])
+def test_a_start_stores_the_results_a_run_lacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: bool
+) -> None:
+    """A run ingested with --results later (the views only): a start stores its results first
+    (then serves them, and the next start builds no graph); with --no-store the file is left
+    byte for byte as it was."""
+    import hashlib
+
+    import duckdb
+    from ranklens.analysis.views import store_views
+
+    db = tmp_path / "run.duckdb"
+    ingest_traces([str(SAMPLE)], db, finalize=store_views)
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    monkeypatch.setattr(server.Port, "serve", lambda self, _app: None)  # Ctrl+C at once
+    said: list[str] = []
+    server.serve([str(db)], port=0, log=said.append, store=store)
+    con = duckdb.connect(str(db), read_only=True)
+    made = results_store.made_here(con)
+    con.close()
+    if not store:
+        assert hashlib.sha256(db.read_bytes()).hexdigest() == before and not made
+        assert not any("stor" in s for s in said)
+        return
+    assert made and any(s.startswith("stored them in") for s in said)
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("computed at start although the first start stored it")
+
+    monkeypatch.setattr(critical_path, "model", refuse)
+    for mod in REGISTRY:
+        monkeypatch.setattr(mod, "run", refuse)
+    said.clear()
+    server.serve([str(db)], port=0, log=said.append)
+    assert not any("stor" in s for s in said)

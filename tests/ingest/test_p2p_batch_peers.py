@@ -135,7 +135,8 @@ def test_the_report_reads_as_with_peers(tmp_path: Path) -> None:
         write_job(job, tmp_path / f"run{peers}")
         db = tmp_path / f"run{peers}.duckdb"
         load_traces([tmp_path / f"run{peers}"], db, workers=1)
-        text[peers] = runner.invoke(app, ["report", str(db)], env={"COLUMNS": "200"}).output
+        res = runner.invoke(app, ["report", str(db)], env={"COLUMNS": "200"})
+        text[peers] = res.stdout  # stderr names the file its results were stored in
     assert text[False] == text[True]
     assert "m=8 micro-batches" in text[True] and "clock alignment: collectives, p2p" in text[True]
     assert "holding the job back: rank 5" in text[True]
