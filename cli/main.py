@@ -135,7 +135,7 @@ def _report(source: list[str], fmt: str, opts: OpenOptions, store: bool = True) 
                     _note(note)
             rep = build_report(run.con)
     if fmt == "json":
-        out.out(render.report_json(rep), highlight=False)
+        render.write_report_json(rep, sys.stdout)  # a table at a time: gigabytes at scale
     elif fmt == "csv":
         out.out(render.report_csv(rep), end="", highlight=False)
     elif fmt == "markdown":
