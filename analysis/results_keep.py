@@ -26,6 +26,7 @@ from ranklens.analysis.views import store_views
 from ranklens.ingest.database import connect
 from ranklens.ingest.errors import RanklensError
 from ranklens.ingest.realign import rewrite_run
+from ranklens.ingest.run import Run
 from ranklens.ingest.shards import CATALOG, is_sharded_run
 
 NO_STORE = "--no-store leaves the run as it is"
@@ -67,24 +68,36 @@ class Kept:
         )
 
 
+def keep_run(run: Run, log: Callable[[str], None]) -> None:
+    """What a face calls on the run it opened: a database gets its results stored (keep); a
+    temporary ingest of traces is left alone (it is removed when the face ends)."""
+    if run.report is None:
+        keep(run.db_path, log)
+
+
 def keep(db_path: str | os.PathLike[str], log: Callable[[str], None] | None = None) -> Kept:
     """Store the analysis results of the run database `db_path` if this tool has not stored
-    them for this state of the run (results_store.made_here), saying so to `log` as it
-    starts; never raises for a run it cannot rewrite, it says why (Kept.why_not)."""
-    run = str(db_path)
-    con = connect(db_path)
+    them for this state of the run (results_store.made_here), saying to `log` that it starts
+    and how it ended; never raises for a run it cannot rewrite, it says why (Kept.why_not)."""
+    kept = _keep(str(db_path), log or (lambda _: None))
+    if log is not None and kept.message:
+        log(kept.message)
+    return kept
+
+
+def _keep(run: str, log: Callable[[str], None]) -> Kept:
+    con = connect(run)
     try:
         if made_here(con):
             return Kept(run, needed=False)
     finally:
         con.close()
-    if (why := _unwritable(Path(db_path))) is not None:
+    if (why := _unwritable(Path(run))) is not None:
         return Kept(run, needed=True, why_not=why)
-    if log is not None:
-        log(f"storing the analysis results in {run} (first use; {NO_STORE}) ...")
+    log(f"storing the analysis results in {run} (first use; {NO_STORE}) ...")
     t0 = time.perf_counter()
     try:
-        rewrite_run(db_path, finalize_run)
+        rewrite_run(run, finalize_run)
     except (RanklensError, OSError, duckdb.Error) as exc:
         msg = exc.message if isinstance(exc, RanklensError) else str(exc).splitlines()[0]
         return Kept(run, needed=True, why_not=msg)

@@ -20,7 +20,7 @@ from ranklens.analysis.advice import tailor
 from ranklens.analysis.report import build_report
 from ranklens.analysis.run_profile import profile
 from ranklens.analysis.sql_console import run_sql
-from ranklens.cli import render
+from ranklens.cli import render, render_json
 from ranklens.cli.app import (
     FROM_FLAGS,
     FormatOpt,
@@ -129,13 +129,11 @@ def _report(source: list[str], fmt: str, opts: OpenOptions, store: bool = True) 
         with open_run(
             source, opts, progress=lambda d, t: prog.update(task, completed=d, total=t)
         ) as run:
-            if store and run.report is None:  # a database: its results stored at first use
-                note = results_keep.keep(run.db_path, log=_note).message
-                if note:
-                    _note(note)
+            if store:  # a database's results stored at first use
+                results_keep.keep_run(run, log=_note)
             rep = build_report(run.con)
     if fmt == "json":
-        render.write_report_json(rep, sys.stdout)  # a table at a time: gigabytes at scale
+        render_json.write_report_json(rep, out.file)  # a table at a time: gigabytes at scale
     elif fmt == "csv":
         out.out(render.report_csv(rep), end="", highlight=False)
     elif fmt == "markdown":

@@ -19,7 +19,7 @@ from functools import partial
 import dash
 import flask
 from ranklens.analysis.check_config import CheckConfig
-from ranklens.analysis.results_keep import keep
+from ranklens.analysis.results_keep import keep_run
 from ranklens.dashboards import page_record
 from ranklens.dashboards.app import create_app, page_paths, warm_pages
 from ranklens.dashboards.data import RunData
@@ -54,9 +54,8 @@ def serve(
         held = Port.take(host, port)  # held by the console script already, if it could
         stack.callback(held.close)
         run = stack.enter_context(open_run(source, options))
-        # a database, not a temporary ingest: its results stored first when they are not
-        if store and run.report is None and (note := keep(run.db_path, log=log).message):
-            log(note)
+        if store:  # a database's results stored first, when they are not
+            keep_run(run, log)
         data = RunData(run.db_path)  # its own sandboxed connections: see Run
         stack.callback(data.close)
         base: Baseline | None = None

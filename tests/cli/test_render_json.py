@@ -11,7 +11,7 @@ import duckdb
 import polars as pl
 import pytest
 from ranklens.analysis.report import build_report
-from ranklens.cli import render
+from ranklens.cli import render_json as render
 from ranklens.ingest.run import ingest_traces
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "pp4_1f1b_m8" / "raw"
