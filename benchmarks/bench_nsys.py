@@ -5,7 +5,10 @@ export of >= 5 M kernels. Real exports that big are not in the repo, so this bui
 benchmarks/_work/ (git-ignored, reused by later runs) with the full 3.25.0 kernel DDL that nsys
 writes (so rows are as wide as in a real export), then times, each in a fresh subprocess:
 
-* `reader`: `read_nsys(path)` - the SQLite -> normalized Arrow events step (the issue's target);
+* `reader`: `read_nsys(path)` - the SQLite -> normalized Arrow events step, its tables read
+  from the file's pages by the C page scanner (ingest/sqlite_pages.py);
+* `reader-sqlite`: the same read through SQLite itself (ADBC), the path before the page scanner
+  and the one taken where it does not apply (RANKLENS_PURE_PYTHON=1), for comparison;
 * `ingest`: `load_traces([path], db)` - the same plus the DuckDB write and post-processing,
   with wall/CPU seconds per stage: read (SQLite -> Arrow), write (steps + insert + checkpoint),
   post (finish_database), comm groups (communicators inferred by the loader), cross-rank;
@@ -202,13 +205,15 @@ print(json.dumps({"rows": rows, "wall": wall, "cpu": cpu, "rss": rss, "imports":
 def run(mode: str, path: Path) -> dict[str, Any]:
     db = WORK / "bench_nsys.duckdb"
     db.unlink(missing_ok=True)
-    child = CHILD if mode in ("reader", "ingest") else CLI_CHILD
+    child = CHILD if mode in ("reader", "reader-sqlite", "ingest") else CLI_CHILD
     extra = ["--results", "later"] if mode == "later" else []
+    env = dict(os.environ, RANKLENS_PURE_PYTHON="1" if mode == "reader-sqlite" else "0")
     out = subprocess.run(
-        [sys.executable, "-c", child, mode, str(path), str(db), *extra],
+        [sys.executable, "-c", child, mode.split("-")[0], str(path), str(db), *extra],
         capture_output=True,
         text=True,
         check=True,
+        env=env,
     )
     res: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     said = re.search(r"traces ([0-9.]+) s, (stored results|views) ([0-9.]+) s", out.stdout)
@@ -271,11 +276,11 @@ def main() -> None:
     print(f"database: {path} ({size:.0f} MiB, built in {time.perf_counter() - t0:.1f} s)")
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"load average: {load} on {os.cpu_count()} CPUs (others' work slows the wall time)")
-    modes = ["reader"] + ([] if args.skip_ingest else ["ingest"])
+    modes = ["reader", "reader-sqlite"] + ([] if args.skip_ingest else ["ingest"])
     modes += [] if args.skip_ingest or args.skip_cli else ["cli", "later"]
     subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)  # warm page cache
     head = ("mode", "run", "rows", "wall s", "CPU s", "M rows/s", "M rows/CPU-s", "peak RSS")
-    print("{:8} {:>3} {:>10} {:>7} {:>7} {:>9} {:>13} {:>9}".format(*head))
+    print("{:13} {:>3} {:>10} {:>7} {:>7} {:>9} {:>13} {:>9}".format(*head))
     for mode in modes:
         rates = []
         for i in range(args.runs):
@@ -283,7 +288,7 @@ def main() -> None:
             rate = r["rows"] / r["wall"]
             rates.append(rate)
             print(
-                f"{mode:8} {i + 1:>3} {int(r['rows']):>10,} {r['wall']:>7.2f} {r['cpu']:>7.2f} "
+                f"{mode:13} {i + 1:>3} {int(r['rows']):>10,} {r['wall']:>7.2f} {r['cpu']:>7.2f} "
                 f"{rate / 1e6:>9.2f} {r['rows'] / r['cpu'] / 1e6:>13.2f} "
                 f"{r['rss'] / 2**20:>5.0f} MiB   (imports {r['imports']:.2f} s, not timed)"
             )

@@ -1,6 +1,6 @@
 """CUDA activity tables of an Nsight export -> normalized event tables (Arrow).
 
-Why this shape: rows come out of SQLite as packed integers (nsys_sqlite.int_chunks) and every
+Why this shape: rows come out as packed integers (nsys_sqlite.int_chunks, nsys_packed) and every
 string, label and launch shape is looked up per *distinct* value with Arrow compute, so no
 Python object is built per event. Each output table keeps an extra `_pid` column (OS process)
 so the caller can split one report into one rank per process.
@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 from ranklens.ingest.classify import SYNC_RE, is_comm_kernel, kernel_op
+from ranklens.ingest.nsys_packed import BLOCK, GRID, event_class_in, pid_device, stream_and_name
 from ranklens.ingest.nsys_sqlite import Report
 from ranklens.ingest.nsys_tables import (
     U24,
@@ -29,6 +30,7 @@ from ranklens.ingest.nsys_tables import (
     pid_of,
     tid_of,
 )
+from ranklens.ingest.sqlite_pages import Expr
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -64,22 +66,6 @@ _DTYPE_RE = re.compile(
     r"_(" + "|".join(sorted(map(re.escape, _DTYPES), key=len, reverse=True)) + r")(?=[_(]|$)"
 )
 
-# CUDA limits (grid y/z <= 65535, block x/y/z <= 1024) let six dims ride in two integers;
-# anything outside them reads as -1 and gets no launch string rather than a wrong one.
-_GRID = (
-    "CASE WHEN gridX BETWEEN 0 AND 2147483647 AND gridY BETWEEN 0 AND 65535 AND gridZ "
-    "BETWEEN 0 AND 65535 THEN gridX | (gridY << 31) | (gridZ << 47) ELSE -1 END"
-)
-_BLOCK = (
-    "CASE WHEN blockX BETWEEN 0 AND 2097151 AND blockY BETWEEN 0 AND 2097151 AND blockZ "
-    "BETWEEN 0 AND 2097151 THEN blockX | (blockY << 21) | (blockZ << 42) ELSE -1 END"
-)
-# Every value crossing from SQLite to Arrow costs about as much as the SQL that makes it, so
-# the OS pid (24 bits of globalPid; all ones = NULL, which no Linux pid reaches) and deviceId
-# travel as one integer: exact for any deviceId in +-2**39, i.e. any CUDA ordinal.
-_PID_DEVICE = "ifnull(({gpid} >> 24) & 16777215, 16777215) | (deviceId << 24)"
-# Likewise streamId (CUPTI: uint32) and the name's StringIds id (exact for |id| < 2**31).
-_STREAM_NAME = "(streamId & 4294967295) | ({name} << 32)"
 _KTYPES = {
     "name": pa.string(),
     "kind": pa.string(),
@@ -148,14 +134,14 @@ def read_kernels(rep: Report, strings: Strings, shift: int, comm: CommInfo) -> I
         return
     t = KERNEL
     name = rep.col(t, "demangledName", rep.col(t, "shortName"))
-    exprs = [
+    exprs: list[str | Expr] = [
         "start",
         '"end"',
         rep.col(t, "correlationId"),
-        _PID_DEVICE.format(gpid=rep.col(t, "globalPid", "0")),
-        _STREAM_NAME.format(name=name),
-        _GRID,
-        _BLOCK,
+        pid_device(rep.col(t, "globalPid", "0")),
+        stream_and_name(name),
+        GRID,
+        BLOCK,
     ]
     names = Names(strings, _kernel_label, _KTYPES)
     for start, end, corr, pid_dev, stream_name, grid, block in rep.int_chunks(t, exprs):
@@ -198,7 +184,7 @@ def read_runtime(
         return
     t = RUNTIME
     cls = rep.col(t, "eventClass", "0")
-    where = f"{cls} IN (0, 1)" if "eventClass" in rep.columns(t) else ""  # not backtrace rows
+    where = event_class_in((0, 1)) if "eventClass" in rep.columns(t) else ""  # not backtraces
     exprs = [
         "start",
         '"end"',

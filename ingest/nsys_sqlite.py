@@ -10,16 +10,15 @@ ADBC SQLite driver (Arrow-native, used when `adbc_driver_sqlite` is installed) o
 standard library only, by letting SQLite itself pack a rowid range of rows into one hex string
 (`group_concat(printf('%016x...'))`) that numpy decodes in one call. Both read rowid ranges
 on two threads (sqlite3 releases the GIL while it steps), so memory stays bounded by the
-chunk size and both cores work.
+chunk size and both cores work. Faster still, and first: the table's own pages, decoded by
+the C page scanner (sqlite_pages.py) where the file and the values allow it.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 from ranklens.ingest.errors import TraceFormatError
-from ranklens.ingest.threads import outlast_futures
+from ranklens.ingest.sqlite_pages import Expr, Pages, raw_columns, scanned
+from ranklens.ingest.threads import ordered_parallel
 
 NULL_INT = -(2**63)  # sentinel for SQL NULL in packed integer reads
 NULL_SQL = "(-9223372036854775807 - 1)"  # written so SQLite keeps it an INTEGER
@@ -91,9 +91,13 @@ class Report:
         self._tables = {r[0] for r in rows}
         self._cols: dict[str, list[str]] = {}
         self._rows: dict[str, bool] = {}
+        self._pages: Pages | None = None
+        self._mapped = False  # whether _pages was looked for
 
     def close(self) -> None:
         self.con.close()
+        if self._pages is not None:
+            self._pages.close()
 
     def exists(self, table: str) -> bool:
         return table in self._tables
@@ -133,61 +137,67 @@ class Report:
         return {r[1] for r in self.con.execute(f'PRAGMA table_info("{table}")') if r[3]}
 
     def int_chunks(
-        self, table: str, exprs: Sequence[str], where: str = ""
+        self, table: str, exprs: Sequence[str | Expr], where: str | Expr = ""
     ) -> Iterator[list[pa.Array]]:
-        """Yield column lists (int64 Arrow arrays, nullable) of integer SQL expressions.
+        """Yield column lists (int64 Arrow arrays, nullable) of integer SQL expressions, in
+        rowid order: a str is a column, an integer or NULL; an Expr anything else.
 
-        Every expression must evaluate to an INTEGER or NULL on each row.
+        Every expression must evaluate to an INTEGER or NULL on each row. The page scanner
+        reads what it can; from the first row it cannot, SQLite reads the rest.
         """
+        after = None
+        scan = self._scanner(table, exprs, where)
+        if scan is not None:
+            try:
+                for cols, last in scanned(scan, exprs, where, CHUNK_ROWS):
+                    after = last
+                    if len(cols[0]):
+                        yield cols
+                return
+            except ValueError:  # a value or page only SQLite reads as it should
+                pass
+        yield from self._sql_chunks(table, exprs, where, after)
+
+    def _scanner(self, table: str, exprs: Sequence[str | Expr], where: str | Expr) -> Any:
+        """The table's pages when every expression has a twin (else None)."""
+        raw = raw_columns(exprs, where, set(self.columns(table)))
+        if raw is None:
+            return None
+        if not self._mapped:
+            self._pages, self._mapped = Pages.open(self.path), True
+        if self._pages is None or not raw:
+            return None
+        got = self._pages.table(self.con, table, raw)
+        return (got, raw) if got is not None else None
+
+    def _sql_chunks(
+        self, table: str, exprs: Sequence[str | Expr], where: str | Expr, after: int | None
+    ) -> Iterator[list[pa.Array]]:
+        """The rows SQLite reads (those past rowid `after` when it is given)."""
         # two queries: SQLite answers a lone min() or max() of the rowid from the b-tree ends
         lo = self.query(f'SELECT min(rowid) FROM "{table}"')[0][0]
         hi = self.query(f'SELECT max(rowid) FROM "{table}"')[0][0]
         if lo is None or hi is None:
             return
+        lo = lo if after is None else after + 1
         cols, strict = self.columns(table), self.notnull(table)
+        sqls = [e.sql if isinstance(e, Expr) else e for e in exprs]
         wrapped = [
             e
             if e.strip('"') in strict or (e.startswith("CASE") and e.strip('"') not in cols)
             else f"ifnull({e}, {NULL_SQL})"
-            for e in exprs
+            for e in sqls
         ]
         starts = list(range(int(lo), int(hi) + 1, CHUNK_ROWS))
         fetch = _AdbcChunk if _adbc is not None else _HexChunk
-        reader = fetch(self.path, table, wrapped, where)
+        cond = where.sql if isinstance(where, Expr) else where
+        reader = fetch(self.path, table, wrapped, cond)
         try:
-            yield from _ordered_parallel(reader.read, starts)
+            for cols in ordered_parallel(reader.read, starts, _WORKERS):
+                if len(cols[0]):
+                    yield cols
         finally:
             reader.close()
-
-
-def _ordered_parallel(fn: Any, starts: list[int]) -> Iterator[list[pa.Array]]:
-    """Map fn over starts on a small thread pool, in order, with a bounded window in flight.
-    However it ends (Ctrl+C, twice, included), no call of fn is left running: the caller then
-    closes the connections they read from (threads.outlast_futures)."""
-    if len(starts) == 1:
-        t = fn(starts[0])
-        if len(t[0]):
-            yield t
-        return
-    pool = ThreadPoolExecutor(_WORKERS)
-    window: deque[Future[list[pa.Array]]] = deque()
-    try:
-        it = iter(starts)
-        for s in it:
-            window.append(pool.submit(fn, s))
-            if len(window) >= 2 * _WORKERS:
-                break
-        while window:
-            t = window[0].result()
-            window.popleft()
-            nxt = next(it, None)
-            if nxt is not None:
-                window.append(pool.submit(fn, nxt))
-            if len(t[0]):
-                yield t
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)  # no join: the running calls are waited
-        outlast_futures(window)  # for here, through Ctrl+C
 
 
 def _to_arrow(columns: Sequence[npt.NDArray[np.int64]]) -> list[pa.Array]:

@@ -17,9 +17,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import Future, wait
-from typing import Any
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _POLL_S = 0.1  # the longest a wait goes without looking at the flag
 
@@ -99,3 +102,30 @@ def outlast_futures(futures: Iterable[Future[Any]]) -> None:
     nothing."""
     left = [f for f in futures if not f.cancel()]
     through_stops(lambda: not wait(left, timeout=_POLL_S).not_done)
+
+
+def ordered_parallel(fn: Callable[[int], T], starts: list[int], workers: int) -> Iterator[T]:
+    """fn over starts on a small thread pool, its results in order, with a bounded window in
+    flight. However it ends (Ctrl+C, twice, included), no call of fn is left running: the
+    caller may then close what fn read from."""
+    if len(starts) == 1:
+        yield fn(starts[0])
+        return
+    pool = ThreadPoolExecutor(workers)
+    window: deque[Future[T]] = deque()
+    try:
+        it = iter(starts)
+        for s in it:
+            window.append(pool.submit(fn, s))
+            if len(window) >= 2 * workers:
+                break
+        while window:
+            t = window[0].result()
+            window.popleft()
+            nxt = next(it, None)
+            if nxt is not None:
+                window.append(pool.submit(fn, nxt))
+            yield t
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # no join: the running calls are waited
+        outlast_futures(window)  # for here, through Ctrl+C

@@ -9,8 +9,6 @@ RANKLENS_REPLAY_SO).
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import os
 from types import SimpleNamespace
 from typing import Any, cast
@@ -25,14 +23,11 @@ from ranklens.analysis import replay_c
 from ranklens.analysis.graph_build import NEG, Graph
 
 from tests import random_dag
+from tests.sanitized import sanitizer_build
 
-_so = os.environ.get("RANKLENS_REPLAY_SO")
-if _so:  # the sanitizer build replaces the installed one for this file
-    _loader = importlib.machinery.ExtensionFileLoader("ranklens.analysis._replay", _so)
-    _spec = importlib.util.spec_from_file_location(_loader.name, _so, loader=_loader)
-    assert _spec is not None
-    replay_c._c = importlib.util.module_from_spec(_spec)
-    _loader.exec_module(replay_c._c)
+_asan = sanitizer_build("RANKLENS_REPLAY_SO", "ranklens.analysis._replay")
+if _asan is not None:  # the sanitizer build replaces the installed one for this file
+    replay_c._c = _asan
 
 I64 = np.ndarray
 

@@ -304,6 +304,7 @@ def test_chunked_parallel_read_matches_single_chunk(
 
     monkeypatch.setattr(nsys_sqlite, "_adbc", None)
     monkeypatch.setattr(nsys_sqlite._HexChunk, "read", spy)
+    monkeypatch.setenv("RANKLENS_PURE_PYTHON", "1")  # SQLite's path (`whole`: the page scanner's)
     parts = plain(pa.concat_tables(read_nsys(path, 0)[0].events))
     assert len(calls) >= 26
     assert parts.sort_by([("cat", "ascending"), ("ts_ns", "ascending")]).equals(
@@ -321,6 +322,7 @@ def test_adbc_backend_matches_stdlib(tmp_path: Path, monkeypatch: pytest.MonkeyP
     for i in range(50):
         db.kernel(100, i * 10, i * 10 + 5, f"void k{i % 7}()", corr=i if i % 5 else None)
     path = db.save()
+    monkeypatch.setenv("RANKLENS_PURE_PYTHON", "1")  # SQLite's two paths, not the page scanner
     fast = plain(pa.concat_tables(read_nsys(path, 0)[0].events))
     monkeypatch.setattr(nsys_sqlite, "_adbc", None)
     slow = plain(pa.concat_tables(read_nsys(path, 0)[0].events))

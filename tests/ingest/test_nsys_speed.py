@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nsys_fixtures import make_kernel_db
-from ranklens.ingest import nsys_sqlite
+from ranklens.ingest import nsys_sqlite, sqlite_pages
 from ranklens.ingest.nsys import read_nsys
 from ranklens.ingest.nsys_tables import TEXT, constant
 
@@ -31,6 +31,7 @@ def test_kernel_table_reads_in_bounded_chunks(tmp_path: Path) -> None:
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     assert part.n_events == N
     backend = "adbc" if nsys_sqlite._adbc is not None else "stdlib"
+    backend = "pages" if sqlite_pages.available() else backend
     print(f"\n{backend}: {N / wall / 1e6:.2f} M rows/s wall, {N / cpu / 1e6:.2f} M rows/cpu-s")
     rows = sum(t.num_rows for t in part.events)
     assert rows == N and max(t.num_rows for t in part.events) <= nsys_sqlite.CHUNK_ROWS

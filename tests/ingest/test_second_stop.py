@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from ranklens.ingest import nsys_sqlite, tempfiles, workpool
+from ranklens.ingest import tempfiles, threads, workpool
 
 LONG_S = 3.0  # how long the calls still running take; the second stop comes at STOP_S
 STOP_S = 0.3
@@ -67,7 +67,7 @@ def test_nsys_reads_are_never_left_running() -> None:
             with lock:
                 running[0] -= 1
 
-    chunks = nsys_sqlite._ordered_parallel(read, list(range(12)))
+    chunks = threads.ordered_parallel(read, list(range(12)), 3)
     assert next(chunks)[0].to_pylist() == [0]  # the next reads are running
     started = time.monotonic()
     with second_stop_after(STOP_S), pytest.raises(KeyboardInterrupt):
