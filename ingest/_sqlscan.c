@@ -5,6 +5,8 @@
  * for the seven values a kernel needs, the largest part of an Nsight ingest. The table's
  * b-tree leaves are plain records (https://www.sqlite.org/fileformat.html), so this module
  * walks them and writes the wanted columns straight into numpy buffers, without the GIL.
+ * Pages are read with pread(), runs of leaves at a time, not mapped: a file cut short or an
+ * I/O error while it is read is an error (ValueError), where a mapping would raise SIGBUS.
  *
  * It is an accelerator, not a second reader: anything it does not handle (a value that is not
  * an integer, a page that is not a rowid table's, any structure it cannot trust) raises
@@ -15,17 +17,20 @@
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
-#include <sys/mman.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 typedef unsigned char u8;
 
+enum { WINDOW = 32 }; /* pages read by one pread(): leaves mostly lie in runs */
+
 typedef struct {
-    const u8 *db;
-    Py_ssize_t len;
+    int fd;
     uint32_t psize, usable, npages;
-    int unmap; /* the buffer is a read-only file mapping, whose pages may be dropped */
+    u8 *win; /* pages w0 .. w0 + wn - 1 of the file */
+    uint32_t w0, wn;
     const char *err;
 } Db;
 
@@ -39,10 +44,34 @@ static int fail(Db *d, const char *why) {
     return -1;
 }
 
-/* A page's bytes (NULL when pgno is outside the file) and where its b-tree header starts. */
+static int read_full(Db *d, u8 *buf, size_t n, uint64_t off) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = pread(d->fd, buf + got, n - got, (off_t)(off + got));
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return fail(d, "the file could not be read");
+        if (k == 0) return fail(d, "the file is shorter than when it was opened");
+        got += (size_t)k;
+    }
+    return 0;
+}
+
+static uint64_t page_off(Db *d, uint32_t pgno) { return (uint64_t)(pgno - 1) * d->psize; }
+
+/* A page's bytes, through the window of pages last read (valid until the next call); NULL
+ * when pgno is outside the file or it cannot be read. */
 static const u8 *page_at(Db *d, uint32_t pgno) {
-    if (pgno < 1 || pgno > d->npages) return NULL;
-    return d->db + (Py_ssize_t)(pgno - 1) * d->psize;
+    if (pgno < 1 || pgno > d->npages) return fail(d, "a page number outside the file"), NULL;
+    if (d->wn && pgno >= d->w0 && pgno - d->w0 < d->wn)
+        return d->win + (size_t)(pgno - d->w0) * d->psize;
+    if (!d->win && !(d->win = malloc((size_t)WINDOW * d->psize)))
+        return fail(d, "out of memory"), NULL;
+    uint32_t n = d->npages - pgno + 1 < WINDOW ? d->npages - pgno + 1 : WINDOW;
+    d->wn = 0;
+    if (read_full(d, d->win, (size_t)n * d->psize, page_off(d, pgno)) < 0) return NULL;
+    d->w0 = pgno;
+    d->wn = n;
+    return d->win;
 }
 static uint32_t hdr_at(uint32_t pgno) { return pgno == 1 ? 100 : 0; }
 
@@ -91,81 +120,72 @@ static int push(U32s *a, uint32_t x) {
     return 0;
 }
 
-/* Unmap the file's pages lo..hi (numbers, inclusive) where they lie together: the file stays
- * in the page cache, the process's resident memory does not grow with the whole file. Only
- * where the caller says the buffer is a read-only mapping of the file (mmap). */
-static void release(Db *d, uint32_t lo, uint32_t hi, Py_ssize_t used) {
-    /* never on memory of the process's own: MADV_DONTNEED would zero it */
-    if (!d->unmap || hi < lo || (Py_ssize_t)(hi - lo) > 4 * used) return;
-    uintptr_t os_page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = (uintptr_t)(d->db + (Py_ssize_t)(lo - 1) * d->psize) / os_page * os_page;
-    uintptr_t b = (uintptr_t)(d->db + (Py_ssize_t)hi * d->psize);
-    if (a >= (uintptr_t)d->db) (void)madvise((void *)a, b - a, MADV_DONTNEED);
-}
-
-/* The leaf pages of the table b-tree at root, in key order, and their cell counts (each batch
- * of leaves read is unmapped again). */
+/* The leaf pages of the table b-tree at root, in key order, and their cell counts. An interior
+ * page's children are copied out as it is first read (the window moves on). */
 static int walk(Db *d, uint32_t root, U32s *leaves, U32s *counts) {
     enum { DEPTH = 64 };
-    uint32_t stack[DEPTH], next[DEPTH];
-    int top = 0;
+    U32s kids[DEPTH];
+    Py_ssize_t next[DEPTH];
+    memset(kids, 0, sizeof(kids));
+    int top = -1, rc = 0;
     uint64_t visits = 0;
-    stack[0] = root;
-    next[0] = 0;
-    while (top >= 0) {
-        uint32_t pg = stack[top];
+    uint32_t pg = root;
+    for (int visit = 1;; visit = 1) {
+        if (++visits > d->npages) {
+            rc = fail(d, "a page reached twice");
+            break;
+        }
         const u8 *p = page_at(d, pg);
-        if (!p) return fail(d, "a page number outside the file");
+        if (!p) {
+            rc = -1;
+            break;
+        }
         const u8 *h = p + hdr_at(pg);
-        if (next[top] == 0 && ++visits > d->npages) return fail(d, "a page reached twice");
         uint32_t ncell = be16(h + 3);
         if (h[0] == 0x0D) { /* leaf of a rowid table */
-            if (push(leaves, pg) < 0 || push(counts, ncell) < 0) return fail(d, "out of memory");
-            if (leaves->n % 4096 == 0) {
-                uint32_t lo = pg, hi = pg;
-                for (Py_ssize_t i = leaves->n - 4096; i < leaves->n; i++) {
-                    lo = leaves->v[i] < lo ? leaves->v[i] : lo;
-                    hi = leaves->v[i] > hi ? leaves->v[i] : hi;
-                }
-                release(d, lo, hi, 4096);
+            if (push(leaves, pg) < 0 || push(counts, ncell) < 0) {
+                rc = fail(d, "out of memory");
+                break;
             }
-            top--;
-            continue;
+        } else if (h[0] != 0x05) {
+            rc = fail(d, "not a rowid table's b-tree page");
+            break;
+        } else if (hdr_at(pg) + 12 + 2 * ncell > d->usable) {
+            rc = fail(d, "a cell array past its page");
+            break;
+        } else if (top + 1 >= DEPTH) {
+            rc = fail(d, "a b-tree deeper than SQLite writes");
+            break;
+        } else { /* interior: its children, left to right, then the right-most */
+            U32s *k = &kids[++top];
+            k->n = next[top] = 0;
+            for (uint32_t i = 0; i < ncell && rc == 0; i++) {
+                uint32_t at = be16(h + 12 + 2 * i);
+                if (at < hdr_at(pg) + 12 || at + 4 > d->usable) rc = fail(d, "a cell past its page");
+                else if (push(k, be32(p + at)) < 0) rc = fail(d, "out of memory");
+            }
+            if (rc == 0 && push(k, be32(h + 8)) < 0) rc = fail(d, "out of memory");
+            if (rc < 0) break;
         }
-        if (h[0] != 0x05) return fail(d, "not a rowid table's b-tree page");
-        if (hdr_at(pg) + 12 + 2 * ncell > d->usable) return fail(d, "a cell array past its page");
-        uint32_t child;
-        if (next[top] < ncell) {
-            uint32_t at = be16(h + 12 + 2 * next[top]);
-            if (at < hdr_at(pg) + 12 || at + 4 > d->usable) return fail(d, "a cell past its page");
-            child = be32(p + at);
-        } else if (next[top] == ncell) {
-            child = be32(h + 8);
-        } else {
-            top--;
-            continue;
-        }
-        next[top]++;
-        if (top + 1 >= DEPTH) return fail(d, "a b-tree deeper than SQLite writes");
-        top++;
-        stack[top] = child;
-        next[top] = 0;
+        while (top >= 0 && next[top] >= kids[top].n) top--;
+        if (top < 0) break;
+        pg = kids[top].v[next[top]++];
+        (void)visit;
     }
-    return 0;
+    for (int i = 0; i < DEPTH; i++) free(kids[i].v);
+    return rc;
 }
 
-static int open_db(Db *d, Py_buffer *view, uint32_t psize, uint32_t usable, int unmap) {
+static int open_db(Db *d, int fd, uint32_t psize, uint32_t usable, uint32_t npages) {
     memset(d, 0, sizeof(*d));
-    d->unmap = unmap;
-    d->db = (const u8 *)view->buf;
-    d->len = view->len;
+    d->fd = fd;
     d->psize = psize;
     d->usable = usable;
+    d->npages = npages;
     if (psize < 512 || psize > 65536 || (psize & (psize - 1)) || usable < 480 || usable > psize) {
         PyErr_SetString(PyExc_ValueError, "page size out of range");
         return -1;
     }
-    d->npages = (uint32_t)(view->len / psize);
     return 0;
 }
 
@@ -173,19 +193,18 @@ static PyObject *as_bytes(U32s *a) {
     return PyBytes_FromStringAndSize((const char *)a->v, a->n * (Py_ssize_t)sizeof(uint32_t));
 }
 
-/* leaves(buffer, page_size, usable_size, root[, unmap]) -> (pages, cells): the leaf pages of
- * the table whose b-tree starts at root, in rowid order, and the number of rows on each (uint32
- * bytes). unmap: the buffer is a read-only mmap of the file (its pages are dropped once read). */
+/* leaves(fd, page_size, usable_size, pages, root) -> (leaf pages, cells): the leaf pages of the
+ * table whose b-tree starts at root, in rowid order, and the number of rows on each (uint32
+ * bytes); `pages`: how many pages the file holds (what may be read). */
 static PyObject *sqlscan_leaves(PyObject *self, PyObject *args) {
     (void)self;
-    Py_buffer view;
-    unsigned int psize, usable, root;
-    int unmap = 0;
-    if (!PyArg_ParseTuple(args, "y*III|p", &view, &psize, &usable, &root, &unmap)) return NULL;
+    int fd;
+    unsigned int psize, usable, npages, root;
+    if (!PyArg_ParseTuple(args, "iIIII", &fd, &psize, &usable, &npages, &root)) return NULL;
     Db d;
     PyObject *out = NULL;
     U32s leaves = {0}, counts = {0};
-    if (open_db(&d, &view, psize, usable, unmap) == 0) {
+    if (open_db(&d, fd, psize, usable, npages) == 0) {
         int rc;
         Py_BEGIN_ALLOW_THREADS rc = walk(&d, root, &leaves, &counts);
         Py_END_ALLOW_THREADS
@@ -194,7 +213,7 @@ static PyObject *sqlscan_leaves(PyObject *self, PyObject *args) {
     }
     free(leaves.v);
     free(counts.v);
-    PyBuffer_Release(&view);
+    free(d.win);
     return out;
 }
 
@@ -215,10 +234,11 @@ typedef struct {
 } Rows;
 
 /* The full payload of a cell whose first `local` bytes are on its page, the rest on the chain
- * of overflow pages starting at `ovfl`. */
+ * of overflow pages starting at `ovfl` (read straight into the payload: the window keeps the
+ * leaf). */
 static const u8 *gather(Db *d, Rows *r, const u8 *local_p, uint64_t local, uint64_t total,
                         uint32_t ovfl) {
-    if (total > (uint64_t)d->len) return fail(d, "a payload larger than the file"), NULL;
+    if (total > (uint64_t)d->npages * d->psize) return fail(d, "a payload larger than the file"), NULL;
     if (r->tmp_cap < total) {
         u8 *t = realloc(r->tmp, (size_t)total);
         if (!t) return fail(d, "out of memory"), NULL;
@@ -229,12 +249,15 @@ static const u8 *gather(Db *d, Rows *r, const u8 *local_p, uint64_t local, uint6
     uint64_t have = local;
     uint32_t hops = 0;
     while (have < total) {
-        const u8 *p = page_at(d, ovfl);
-        if (!p || ++hops > d->npages) return fail(d, "a broken overflow chain"), NULL;
+        u8 link[4];
+        if (ovfl < 1 || ovfl > d->npages || ++hops > d->npages)
+            return fail(d, "a broken overflow chain"), NULL;
         uint64_t take = total - have < d->usable - 4 ? total - have : d->usable - 4;
-        memcpy(r->tmp + have, p + 4, (size_t)take);
+        if (read_full(d, link, 4, page_off(d, ovfl)) < 0 ||
+            read_full(d, r->tmp + have, (size_t)take, page_off(d, ovfl) + 4) < 0)
+            return NULL;
         have += take;
-        ovfl = be32(p);
+        ovfl = be32(link);
     }
     return r->tmp;
 }
@@ -292,28 +315,20 @@ static int record(Db *d, Rows *r, const u8 *pl, uint64_t P, int64_t rowid, Py_ss
     return 0;
 }
 
-/* The n rows starting at cell `skip` of leaves[first], across as many leaves as they take
- * (unmapped again once read). */
+/* The n rows starting at cell `skip` of leaves[first], across as many leaves as they take. */
 static int rows(Db *d, Rows *r, const uint32_t *leaves, Py_ssize_t nleaves, Py_ssize_t first,
                 uint32_t skip) {
     const uint64_t U = d->usable, X = U - 35, M = ((U - 12) * 32 / 255) - 23;
-    Py_ssize_t row = 0, li = first;
-    uint32_t lo = UINT32_MAX, hi = 0;
-    for (; row < r->n; li++, skip = 0) {
+    Py_ssize_t row = 0;
+    for (Py_ssize_t li = first; row < r->n; li++, skip = 0) {
         if (li >= nleaves) return fail(d, "fewer rows than the leaves counted");
         uint32_t pg = leaves[li];
-        lo = pg < lo ? pg : lo;
-        hi = pg > hi ? pg : hi;
         const u8 *p = page_at(d, pg);
-        if (!p) return fail(d, "a page number outside the file");
+        if (!p) return -1;
         const u8 *h = p + hdr_at(pg), *pend = p + U;
         if (h[0] != 0x0D) return fail(d, "not a rowid table's leaf page");
         uint32_t ncell = be16(h + 3);
         if (hdr_at(pg) + 8 + 2 * ncell > U) return fail(d, "a cell array past its page");
-        if (li + 1 < nleaves) { /* the next leaf's header: a cache (and TLB) miss */
-            const u8 *np = page_at(d, leaves[li + 1]);
-            if (np) __builtin_prefetch(np + hdr_at(leaves[li + 1]));
-        }
         for (uint32_t i = skip; i < ncell && row < r->n; i++, row++) {
             uint32_t at = be16(h + 8 + 2 * i);
             if (at < hdr_at(pg) + 8 || at >= U) return fail(d, "a cell past its page");
@@ -337,7 +352,6 @@ static int rows(Db *d, Rows *r, const uint32_t *leaves, Py_ssize_t nleaves, Py_s
             if (record(d, r, pl, P, (int64_t)key, row) < 0) return -1;
         }
     }
-    release(d, lo, hi, li - first);
     return 0;
 }
 
@@ -349,18 +363,20 @@ static int writable(Py_buffer *b, Py_ssize_t need, const char *what) {
     return 0;
 }
 
-/* rows(buffer, page_size, usable_size, leaves, first, skip, n, want, alias, stride, out, valid,
- * keys[, unmap]): n rows from cell `skip` of leaf number `first` (leaves: uint32 bytes); want: int32
+/* rows(fd, page_size, usable_size, pages, leaves, first, skip, n, want, alias, stride, out,
+ * valid, keys): n rows from cell `skip` of leaf number `first` (leaves: uint32 bytes); want: int32
  * bytes, a record column's output slot or -1; out: int64, slot s of row i at s * stride + i;
- * valid: uint8 likewise; keys: the n rowids (int64); unmap as for leaves(). */
+ * valid: uint8 likewise; keys: the n rowids (int64); pages as for leaves(). */
 static PyObject *sqlscan_rows(PyObject *self, PyObject *args) {
     (void)self;
-    Py_buffer view, lv, wv, ov, vv, kv;
+    Py_buffer lv, wv, ov, vv, kv;
+    int fd;
+    unsigned int npages;
     unsigned int psize, usable, skip;
     Py_ssize_t first, n, stride;
-    int alias, unmap = 0;
-    if (!PyArg_ParseTuple(args, "y*IIy*nIny*inw*w*w*|p", &view, &psize, &usable, &lv, &first,
-                          &skip, &n, &wv, &alias, &stride, &ov, &vv, &kv, &unmap))
+    int alias;
+    if (!PyArg_ParseTuple(args, "iIIIy*nIny*inw*w*w*", &fd, &psize, &usable, &npages, &lv,
+                          &first, &skip, &n, &wv, &alias, &stride, &ov, &vv, &kv))
         return NULL;
     Db d;
     PyObject *out = NULL;
@@ -377,7 +393,7 @@ static PyObject *sqlscan_rows(PyObject *self, PyObject *args) {
     int32_t slots = 0;
     for (int32_t c = 0; c < r.ncol; c++) slots = r.want[c] + 1 > slots ? r.want[c] + 1 : slots;
     Py_ssize_t nleaves = lv.len / (Py_ssize_t)sizeof(uint32_t);
-    if (open_db(&d, &view, psize, usable, unmap) < 0) {
+    if (open_db(&d, fd, psize, usable, npages) < 0) {
     } else if (n < 0 || first < 0 || first > nleaves || stride < n) {
         PyErr_SetString(PyExc_ValueError, "rows outside the leaves or the buffers");
     } else if (writable(&ov, slots * stride * (Py_ssize_t)sizeof(int64_t), "out") == 0 &&
@@ -390,7 +406,7 @@ static PyObject *sqlscan_rows(PyObject *self, PyObject *args) {
         else out = Py_NewRef(Py_None);
     }
     free(r.tmp);
-    PyBuffer_Release(&view);
+    free(d.win);
     PyBuffer_Release(&lv);
     PyBuffer_Release(&wv);
     PyBuffer_Release(&ov);
@@ -401,10 +417,10 @@ static PyObject *sqlscan_rows(PyObject *self, PyObject *args) {
 
 static PyMethodDef METHODS[] = {
     {"leaves", sqlscan_leaves, METH_VARARGS,
-     "leaves(buffer, page_size, usable_size, root[, unmap]) -> (leaf pages, their row counts)"},
+     "leaves(fd, page_size, usable_size, pages, root) -> (leaf pages, their row counts)"},
     {"rows", sqlscan_rows, METH_VARARGS,
-     "rows(buffer, page_size, usable_size, leaves, first, skip, n, want, alias, stride, out, "
-     "valid, keys[, unmap])"},
+     "rows(fd, page_size, usable_size, pages, leaves, first, skip, n, want, alias, stride, "
+     "out, valid, keys)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef MODULE = {

@@ -3,7 +3,9 @@
 Why: reading an Nsight export's kernels through SQLite costs about 1 us a row for the values a
 kernel needs (its virtual machine, then the crossing into Arrow), the largest part of an Nsight
 ingest; the table's b-tree leaves are plain records the C scanner decodes many times faster,
-without the GIL. Only a file SQLite itself would read the same way is read so: no WAL with
+without the GIL. It reads the file with pread (no mapping: a file cut short while it is read is
+an error SQLite then reports, not a SIGBUS; and the file does not count as the process's
+memory). Only a file SQLite itself would read the same way is read so: no WAL with
 frames in it, no hot journal, a rowid table. Anything else, and any value that is not an
 integer, is left to SQLite (the caller's reader): `RANKLENS_PURE_PYTHON=1` turns this off, and
 tests compare both paths on every export.
@@ -11,9 +13,7 @@ tests compare both paths on every export.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import mmap
 import os
 import re
 import sqlite3
@@ -71,10 +71,11 @@ class Chunk:
 
 
 class Pages:
-    """One export's file mapped read-only, its page geometry read from its header."""
+    """One export's file, open for reading, its page geometry read from its header."""
 
-    def __init__(self, path: Path, mapped: mmap.mmap, page_size: int, usable: int) -> None:
-        self.path, self.map, self.page_size, self.usable = path, mapped, page_size, usable
+    def __init__(self, path: Path, fd: int, page_size: int, usable: int, pages: int) -> None:
+        self.path, self.fd, self.page_size, self.usable = path, fd, page_size, usable
+        self.pages = pages  # the file's whole pages when opened: no read goes past them
 
     @classmethod
     def open(cls, path: Path) -> Pages | None:
@@ -82,20 +83,23 @@ class Pages:
         if not available() or _pending(path):
             return None
         try:
-            with open(path, "rb") as f:
-                head = f.read(100)
-                if len(head) < 100 or head[:16] != _MAGIC:
-                    return None
-                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
             return None
-        size = int.from_bytes(head[16:18], "big")
-        page_size = 65536 if size == 1 else size
-        return cls(path, mapped, page_size, page_size - head[20])
+        try:
+            head = os.pread(fd, 100, 0)
+            size = os.fstat(fd).st_size
+        except OSError:
+            head, size = b"", 0
+        if len(head) < 100 or head[:16] != _MAGIC:
+            os.close(fd)
+            return None
+        code = int.from_bytes(head[16:18], "big")
+        page_size = 65536 if code == 1 else code
+        return cls(path, fd, page_size, page_size - head[20], size // max(page_size, 1))
 
     def close(self) -> None:
-        with contextlib.suppress(BufferError):  # a read still running (never: reads are waited)
-            self.map.close()
+        os.close(self.fd)
 
     def table(self, con: sqlite3.Connection, table: str, columns: list[str]) -> TablePages | None:
         """A reader of `columns` of `table` (a rowid table whose columns missing from an old
@@ -112,7 +116,9 @@ class Pages:
         pks = [r for r in info if r[5]]
         alias = pks[0][0] if len(pks) == 1 and str(pks[0][2]).upper() == "INTEGER" else -1
         try:
-            pages, cells = _sqlscan.leaves(self.map, self.page_size, self.usable, int(got[0]), True)
+            pages, cells = _sqlscan.leaves(
+                self.fd, self.page_size, self.usable, self.pages, int(got[0])
+            )
         except ValueError:
             return None
         want = np.full(max(index[c] for c in columns) + 1, -1, np.int32)
@@ -145,8 +151,8 @@ class TablePages:
         keys = np.empty(n, np.int64)
         p = self.pages
         want = self.want.tobytes()
-        _sqlscan.rows(p.map, p.page_size, p.usable, self.leaves, first, skip, n, want,
-                      self.alias, stride, values, valid, keys, True)  # fmt: skip
+        _sqlscan.rows(p.fd, p.page_size, p.usable, p.pages, self.leaves, first, skip, n,
+                      want, self.alias, stride, values, valid, keys)  # fmt: skip
         return Chunk(values[:, :n], valid.view(np.bool_)[:, :n], keys)
 
 

@@ -253,6 +253,7 @@ def test_damaged_pages_never_crash_the_scanner(tmp_path: Path, page_size: int) -
     scan = sqlite_pages._sqlscan
     want = np.array([0, 1, 2, -1, 3], np.int32).tobytes()  # big (a BLOB) is not read
     rng = random.Random(ps)
+    damaged = tmp_path / "damaged.sqlite"
     outcomes: dict[str, int] = {}
     for _ in range(250):
         bad = bytearray(good)
@@ -260,36 +261,64 @@ def test_damaged_pages_never_crash_the_scanner(tmp_path: Path, page_size: int) -
             bad[rng.randrange(ps, len(bad))] = rng.randrange(256)
         if rng.random() < 0.1:
             bad = bad[: rng.randrange(ps, len(bad))]
-        buf = bytes(bad)
+        damaged.write_bytes(bad)
+        fd, pages = os.open(damaged, os.O_RDONLY), len(bad) // ps
         try:
-            leaves, cells = scan.leaves(buf, ps, ps, root)
+            leaves, cells = scan.leaves(fd, ps, ps, pages, root)
             lv, cnt = np.frombuffer(leaves, np.uint32), np.frombuffer(cells, np.uint32)
             first = rng.randrange(len(lv)) if len(lv) and rng.random() < 0.5 else 0
             skip = rng.randrange(3) if rng.random() < 0.5 else 0
             n = max(0, int(cnt[first:].sum()) - skip + rng.choice([0, 0, 0, 1]))
             out, ok = np.empty((4, n + 5), np.int64), np.empty((4, n + 5), np.uint8)
-            scan.rows(buf, ps, ps, lv, first, skip, n, want, 0, n + 5, out, ok,
+            scan.rows(fd, ps, ps, pages, lv, first, skip, n, want, 0, n + 5, out, ok,
                       np.empty(n, np.int64))  # fmt: skip
             outcomes["read"] = outcomes.get("read", 0) + 1
         except ValueError as exc:
             outcomes[str(exc)] = outcomes.get(str(exc), 0) + 1
+        finally:
+            os.close(fd)
     assert outcomes.get("read", 0) > 50 and len(outcomes) > 4, outcomes  # reads and refusals
 
 
 @needs_c
-def test_bad_buffers_are_refused(tmp_path: Path) -> None:
+def test_bad_arguments_are_refused(tmp_path: Path) -> None:
     f = make(tmp_path / "t.sqlite", "a INTEGER", [(i,) for i in range(10)])
-    buf = f.read_bytes()
     scan = sqlite_pages._sqlscan
-    with pytest.raises(ValueError, match="page size"):
-        scan.leaves(buf, 1000, 1000, 2)
-    with pytest.raises(ValueError, match="outside the file"):
-        scan.leaves(buf, 4096, 4096, 10_000)
-    lv = np.array([2], np.uint32)
-    small = np.empty(4, np.int64)
-    with pytest.raises(ValueError, match="writable buffer"):
-        scan.rows(buf, 4096, 4096, lv, 0, 0, 10, np.int32([0]).tobytes(), -1, 10, small,
-                  np.empty(10, np.uint8), np.empty(10, np.int64))  # fmt: skip
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        with pytest.raises(ValueError, match="page size"):
+            scan.leaves(fd, 1000, 1000, 2, 2)
+        with pytest.raises(ValueError, match="outside the file"):
+            scan.leaves(fd, 4096, 4096, 2, 10_000)
+        with pytest.raises(ValueError, match="shorter"):  # more pages than the file holds
+            scan.leaves(fd, 4096, 4096, 10_000, 9_999)
+        lv, small = np.array([2], np.uint32), np.empty(4, np.int64)
+        with pytest.raises(ValueError, match="writable buffer"):
+            scan.rows(fd, 4096, 4096, 2, lv, 0, 0, 10, np.int32([0]).tobytes(), -1, 10, small,
+                      np.empty(10, np.uint8), np.empty(10, np.int64))  # fmt: skip
+    finally:
+        os.close(fd)
+
+
+@needs_c
+def test_a_file_cut_short_while_it_is_read_is_an_error_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mapped file read past its new end raises SIGBUS; pread says so, and SQLite's path,
+    which takes over, reports the damage."""
+    f = make(tmp_path / "t.sqlite", "a INTEGER, b INTEGER", [(i, -i) for i in range(20_000)])
+    monkeypatch.setattr(nsys_sqlite, "CHUNK_ROWS", 1000)
+    monkeypatch.setenv("RANKLENS_PURE_PYTHON", "0")
+    reads = Reads(monkeypatch)
+    rep = Report(f)
+    chunks = rep.int_chunks("t", ["a", "b"])
+    first = next(chunks)
+    with open(f, "r+b") as fh:
+        fh.truncate(f.stat().st_size // 3)
+    with pytest.raises(sqlite3.DatabaseError, match="malformed"):  # the reader names the file
+        list(chunks)
+    rep.close()
+    assert first[0].to_pylist() == list(range(1000)) and reads.n >= 2
 
 
 @needs_c
