@@ -22,6 +22,7 @@ setup(
         Extension(
             "ranklens.ingest._sqlscan",
             ["ingest/_sqlscan.c"],
+            depends=["ingest/_sqlscan_pages.h"],
             extra_compile_args=["-O3"],
             optional=True,
         ),
