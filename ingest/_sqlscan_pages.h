@@ -111,7 +111,7 @@ static int walk(Db *d, uint32_t root, U32s *leaves, U32s *counts) {
     int top = -1, rc = 0;
     uint64_t visits = 0;
     uint32_t pg = root;
-    for (int visit = 1;; visit = 1) {
+    for (;;) {
         if (++visits > d->npages) {
             rc = fail(d, "a page reached twice");
             break;
@@ -151,7 +151,6 @@ static int walk(Db *d, uint32_t root, U32s *leaves, U32s *counts) {
         while (top >= 0 && next[top] >= kids[top].n) top--;
         if (top < 0) break;
         pg = kids[top].v[next[top]++];
-        (void)visit;
     }
     for (int i = 0; i < DEPTH; i++) free(kids[i].v);
     return rc;

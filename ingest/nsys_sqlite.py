@@ -27,10 +27,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 from ranklens.ingest.errors import TraceFormatError
-from ranklens.ingest.sqlite_pages import Expr, Pages, raw_columns, scanned
+from ranklens.ingest.sqlite_pages import NULL_INT, Expr, Pages, TablePages, raw_columns, scanned
 from ranklens.ingest.threads import ordered_parallel
 
-NULL_INT = -(2**63)  # sentinel for SQL NULL in packed integer reads
 NULL_SQL = "(-9223372036854775807 - 1)"  # written so SQLite keeps it an INTEGER
 # DuckDB's row group: pieces of whole row groups are written once; others are merged and
 # rewritten at the next checkpoint (as much CPU again as the insert).
@@ -92,7 +91,7 @@ class Report:
         self._cols: dict[str, list[str]] = {}
         self._rows: dict[str, bool] = {}
         self._pages: Pages | None = None
-        self._mapped = False  # whether _pages was looked for
+        self._opened = False  # whether _pages was looked for
 
     def close(self) -> None:
         self.con.close()
@@ -158,17 +157,16 @@ class Report:
                 pass
         yield from self._sql_chunks(table, exprs, where, after)
 
-    def _scanner(self, table: str, exprs: Sequence[str | Expr], where: str | Expr) -> Any:
+    def _scanner(
+        self, table: str, exprs: Sequence[str | Expr], where: str | Expr
+    ) -> TablePages | None:
         """The table's pages when every expression has a twin (else None)."""
         raw = raw_columns(exprs, where, set(self.columns(table)))
-        if raw is None:
+        if not raw:
             return None
-        if not self._mapped:
-            self._pages, self._mapped = Pages.open(self.path), True
-        if self._pages is None or not raw:
-            return None
-        got = self._pages.table(self.con, table, raw)
-        return (got, raw) if got is not None else None
+        if not self._opened:
+            self._pages, self._opened = Pages.open(self.path), True
+        return self._pages.table(self.con, table, raw) if self._pages is not None else None
 
     def _sql_chunks(
         self, table: str, exprs: Sequence[str | Expr], where: str | Expr, after: int | None

@@ -35,7 +35,7 @@ except ImportError:  # built without a C compiler: SQLite reads every table
 
 _MAGIC = b"SQLite format 3\x00"
 _WORKERS = 2  # decoding needs no I/O wait: a thread a core
-_NULL_INT = -(2**63)
+NULL_INT = -(2**63)  # SQLite's path reads NULL through this sentinel (nsys_sqlite)
 _PAD = 72  # a column's buffer is n + _PAD long: the columns' starts fall in different cache sets
 Ints = npt.NDArray[np.int64]
 Col = tuple[Ints, npt.NDArray[np.bool_]]  # values, and which of them are not NULL
@@ -73,8 +73,8 @@ class Chunk:
 class Pages:
     """One export's file, open for reading, its page geometry read from its header."""
 
-    def __init__(self, path: Path, fd: int, page_size: int, usable: int, pages: int) -> None:
-        self.path, self.fd, self.page_size, self.usable = path, fd, page_size, usable
+    def __init__(self, fd: int, page_size: int, usable: int, pages: int) -> None:
+        self.fd, self.page_size, self.usable = fd, page_size, usable
         self.pages = pages  # the file's whole pages when opened: no read goes past them
 
     @classmethod
@@ -96,7 +96,7 @@ class Pages:
             return None
         code = int.from_bytes(head[16:18], "big")
         page_size = 65536 if code == 1 else code
-        return cls(path, fd, page_size, page_size - head[20], size // max(page_size, 1))
+        return cls(fd, page_size, page_size - head[20], size // max(page_size, 1))
 
     def close(self) -> None:
         os.close(self.fd)
@@ -124,18 +124,20 @@ class Pages:
         want = np.full(max(index[c] for c in columns) + 1, -1, np.int32)
         for slot, c in enumerate(columns):
             want[index[c]] = slot
-        return TablePages(self, np.frombuffer(pages, np.uint32), np.frombuffer(cells, np.uint32),
-                          want, alias)  # fmt: skip
+        return TablePages(self, columns, np.frombuffer(pages, np.uint32),
+                          np.frombuffer(cells, np.uint32), want, alias)  # fmt: skip
 
 
 class TablePages:
-    """A table's leaves, read a row range at a time (any range, on any thread)."""
+    """A table's leaves, read a row range at a time (any range, on any thread): the values of
+    `columns`, in that order."""
 
     def __init__(
-        self, pages: Pages, leaves: npt.NDArray[np.uint32], cells: npt.NDArray[np.uint32],
-        want: npt.NDArray[np.int32], alias: int,
+        self, pages: Pages, columns: list[str], leaves: npt.NDArray[np.uint32],
+        cells: npt.NDArray[np.uint32], want: npt.NDArray[np.int32], alias: int,
     ) -> None:  # fmt: skip
-        self.pages, self.leaves, self.want, self.alias = pages, leaves, want, alias
+        self.pages, self.columns, self.leaves = pages, columns, leaves
+        self.want, self.alias = want, alias
         self.ends = np.cumsum(cells, dtype=np.int64)  # rows up to and with each leaf
         self.rows = int(self.ends[-1]) if len(self.ends) else 0
         self.slots = int(want.max()) + 1
@@ -185,17 +187,13 @@ def raw_columns(exprs: Sequence[str | Expr], where: str | Expr, have: set[str]) 
 
 
 def scanned(
-    scan: tuple[TablePages, list[str]],
-    exprs: Sequence[str | Expr],
-    where: str | Expr,
-    chunk_rows: int,
+    pages: TablePages, exprs: Sequence[str | Expr], where: str | Expr, chunk_rows: int
 ) -> Iterator[tuple[list[pa.Array], int | None]]:
     """The expressions' columns a chunk of rows at a time, and each chunk's last rowid."""
-    pages, raw = scan
 
     def one(start: int) -> tuple[list[pa.Array], int | None]:
         chunk = pages.read(start, chunk_rows)
-        got = {c: (chunk.values[i], chunk.valid[i]) for i, c in enumerate(raw)}
+        got = {c: (chunk.values[i], chunk.valid[i]) for i, c in enumerate(pages.columns)}
         cols = [_evaluate(e, got, len(chunk.keys)) for e in exprs]
         if where:  # SQL keeps a row whose condition is true: not NULL, not 0
             keep, ok = _evaluate(where, got, len(chunk.keys))
@@ -224,8 +222,8 @@ def _evaluate(e: str | Expr, got: dict[str, Col], n: int) -> Col:
 
 def _arrow(values: Ints, valid: npt.NDArray[np.bool_]) -> pa.Array:
     """int64 Arrow, NULL where not valid, and where the value is -2**63: the SQLite path reads
-    NULLs through that sentinel (nsys_sqlite.NULL_INT), so it is NULL on both."""
-    valid = valid & (values != _NULL_INT)
+    NULLs through that sentinel (NULL_INT), so it is NULL on both."""
+    valid = valid & (values != NULL_INT)
     if valid.all():
         return pa.array(values, pa.int64())
     return pa.array(values, pa.int64(), mask=~valid)
