@@ -1,5 +1,6 @@
 """Sharded ingest (issue 15): one DuckDB file vs per-rank Parquet shards, 1 and 2 local workers,
-and local Ray, on the same many-rank GPU-shaped job; then the report of each run.
+and local Ray with 1 and 2 CPUs, on the same many-rank GPU-shaped job; then the report of each
+run.
 
 Generates (once, cached in benchmarks/_work/) a job with the GPU job generator (default tp8 x
 dp32 x pp4 = 1,024 ranks), then times what a user runs, each in its own process: `ranklens
@@ -21,7 +22,14 @@ alone, submitted as `--engine ray` does: once on workers the job boots (what eve
 pays: ~1 s on 2 cores), once more on the same workers booted (the throughput of a long run).
 
     python benchmarks/bench_shards.py [--tp 8 --dp 32 --pp 4 --m 8 --steps 2] [--kernels 6]
-        [--no-ray] [--ray-cluster]
+        [--no-ray] [--ray-cluster] [--results later] [--no-report] [--no-one-file]
+
+A local Ray instance's start (ray.init, then its workers' boot: ~3-4 s here) is paid by every
+`--engine ray` ingest, so Ray's scaling shows on a job whose rank tasks outweigh it: e.g.
+`--tp 2 --dp 4 --pp 4 --m 16 --steps 4 --kernels 2050 --results later --no-report --no-one-file`
+(32 ranks, 4.8 GB of JSON; generated once, ~5 min). `--results later` leaves out the stored
+analyses (the same work whatever the executor, and minutes on 25 M events); `--no-report`
+skips the report, and each run's output is removed once its tables are fingerprinted.
 """
 
 from __future__ import annotations
@@ -123,10 +131,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     job_shape.add_flags(ap, m=8, steps=2)
     ap.add_argument("--kernels", type=int, default=6, help="kernels per block (rank size)")
-    ap.add_argument("--no-ray", action="store_true", help="skip the Ray run")
+    ap.add_argument("--no-ray", action="store_true", help="skip the local Ray runs")
     ap.add_argument(
         "--ray-cluster", action="store_true", help="also on a running Ray with 1 and 2 CPUs"
     )
+    ap.add_argument(
+        "--results",
+        choices=("now", "later"),
+        default="now",
+        help="ingest's --results: later times the traces and views alone (a large job's "
+        "analyses would take minutes per run, the same whatever the executor)",
+    )
+    ap.add_argument("--no-report", action="store_true", help="skip `ranklens report` per run")
+    ap.add_argument("--no-one-file", action="store_true", help="shards and Ray runs only")
     a = ap.parse_args()
     print(machine_line(), flush=True)  # what today's figures are measured on
     job = job_shape.job(a, kernels_per_block=a.kernels, rank_factor={a.tp + 1: 1.3})
@@ -139,15 +156,19 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     runs = [
-        ("one DuckDB file, 1 worker", out / "one1.duckdb", ["--workers", "1"]),
-        ("one DuckDB file, 2 workers", out / "one.duckdb", ["--workers", "2"]),
         ("shards, 1 worker", out / "s1", ["--storage", "shards", "--workers", "1"]),
         ("shards, 2 workers", out / "s2", ["--storage", "shards", "--workers", "2"]),
     ]
-    if not a.no_ray:
-        runs.append(
-            ("shards, local Ray (2 CPUs)", out / "ray", ["--engine", "ray", "--workers", "2"])
-        )
+    if not a.no_one_file:
+        runs[:0] = [
+            ("one DuckDB file, 1 worker", out / "one1.duckdb", ["--workers", "1"]),
+            ("one DuckDB file, 2 workers", out / "one.duckdb", ["--workers", "2"]),
+        ]
+    if not a.no_ray:  # the same start (ray.init, the workers' boot) paid on 1 and 2 CPUs
+        runs += [
+            ("shards, local Ray (1 CPU)", out / "ray1", ["--engine", "ray", "--workers", "1"]),
+            ("shards, local Ray (2 CPUs)", out / "ray", ["--engine", "ray", "--workers", "2"]),
+        ]
     print(
         f"job: {job.world} ranks (tp{a.tp} dp{a.dp} pp{a.pp}), m={a.m}, {a.steps} steps; "
         f"{size / 1e6:.0f} MB of JSON in {job.world} files; {os.cpu_count()} cores"
@@ -171,7 +192,8 @@ def main() -> None:
             flags[at] = cluster
         try:
             env = _RAY_ENV if cluster is not None else None
-            t_in, rss_in, said = _timed([*EXE, "ingest", str(src), "-o", str(dest), *flags], env)
+            cmd = [*EXE, "ingest", str(src), "-o", str(dest), "--results", a.results, *flags]
+            t_in, rss_in, said = _timed(cmd, env)
             if cluster is not None:
                 files = sorted(src.glob("rank*.json"))
                 alone[len(alone) + 1] = _tasks_alone(cluster, files, out)
@@ -180,17 +202,25 @@ def main() -> None:
                 subprocess.run([_RAY, "stop", "--force"], check=False, capture_output=True)
         traces = re.search(rb"traces ([0-9.]+) s", said)  # ingest's own stage timing
         stage[label] = float(traces.group(1)) if traces else float("nan")
-        t_rep, rss_rep, text = _timed([*EXE, "report", str(dest), "--format", "json"])
+        reported = "report skipped"
+        if not a.no_report:
+            t_rep, rss_rep, text = _timed([*EXE, "report", str(dest), "--format", "json"])
+            reports.add(text)
+            reported = f"report {t_rep:5.1f} s (peak so far {rss_rep:.2f} GB)"
         fp = _fingerprint(dest)
         prints.add(fp)
-        reports.add(text)
         walls[label] = t_in
         print(
             f"{label:28s} ingest {t_in:6.1f} s ({size / 1e6 / t_in:5.1f} MB/s, "
             f"{fp[0] / t_in / 1e3:5.0f} k events/s; traces {stage[label]:.1f} s, "
             f"{size / 1e6 / stage[label]:5.1f} MB/s; peak RSS so far {rss_in:.2f} GB)  "
-            f"report {t_rep:5.1f} s (peak so far {rss_rep:.2f} GB)"
+            f"{reported}",
+            flush=True,
         )
+        if a.no_report and dest.is_dir():  # a large job's shards: one run's on disk at a time
+            shutil.rmtree(dest, ignore_errors=True)
+        elif a.no_report:
+            dest.unlink()
     if a.ray_cluster:
         r1, r2 = stage["shards, Ray cluster (1 CPU)"], stage["shards, Ray cluster (2 CPUs)"]
         print(f"Ray cluster, 2 CPUs over 1: {r1 / r2:.2f}x its traces stage")
@@ -204,11 +234,20 @@ def main() -> None:
     print(f"2 workers over 1 (shards): {s1 / s2:.2f}x the whole ingest, ", end="")
     one, two = stage["shards, 1 worker"], stage["shards, 2 workers"]
     print(f"{one / two:.2f}x its traces stage (decode, write, cross-rank; before stored results)")
-    f1, f2 = walls["one DuckDB file, 1 worker"], walls["one DuckDB file, 2 workers"]
-    g1, g2 = stage["one DuckDB file, 1 worker"], stage["one DuckDB file, 2 workers"]
-    print(f"2 workers over 1 (one file): {f1 / f2:.2f}x the whole ingest, {g1 / g2:.2f}x traces")
+    if not a.no_ray:
+        r, t = walls["shards, local Ray (2 CPUs)"], stage["shards, local Ray (2 CPUs)"]
+        print(f"local Ray (2 CPUs) over 1 local worker (shards): {s1 / r:.2f}x the whole ", end="")
+        print(f"ingest, {one / t:.2f}x its traces stage")
+        r1, t1 = walls["shards, local Ray (1 CPU)"], stage["shards, local Ray (1 CPU)"]
+        print(f"local Ray, 2 CPUs over 1: {r1 / r:.2f}x the whole ingest, {t1 / t:.2f}x traces")
+    if not a.no_one_file:
+        f1, f2 = walls["one DuckDB file, 1 worker"], walls["one DuckDB file, 2 workers"]
+        g1, g2 = stage["one DuckDB file, 1 worker"], stage["one DuckDB file, 2 workers"]
+        print(
+            f"2 workers over 1 (one file): {f1 / f2:.2f}x the whole ingest, {g1 / g2:.2f}x traces"
+        )
     print(f"events {sorted(prints)[0][0]:,}; runs identical: {len(prints) == 1}, ", end="")
-    print(f"reports identical: {len(reports) == 1}")
+    print("reports not made" if a.no_report else f"reports identical: {len(reports) == 1}")
 
 
 if __name__ == "__main__":

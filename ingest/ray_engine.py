@@ -8,6 +8,8 @@ driver's token it logs "InvalidAuthToken" twenty times and raises "Failed to con
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import logging
 import socket
@@ -16,8 +18,9 @@ from typing import Any
 
 from ranklens.ingest.engines import Task, in_order
 from ranklens.ingest.errors import RanklensError
+from ranklens.ingest.lifecycle import stops_held
 from ranklens.ingest.rank_task import RankResult, read_file
-from ranklens.ingest.threads import Helper
+from ranklens.ingest.threads import Helper, through_stops
 
 # A Ray instance started for one ingest: no dashboard (one more process, and a port opened for
 # nothing), and none of Ray's INFO and WARNING lines among the CLI's output (a timestamped
@@ -25,6 +28,7 @@ from ranklens.ingest.threads import Helper
 # errors still show).
 _LOCAL_RAY: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.ERROR}
 _REACH_S = 3.0  # how long a cluster's head may take to accept a TCP connection
+_WAIT_S = 0.1  # settle's waits for the shutdown, each short enough to notice a stop
 _HINT = "check --ray-address (e.g. ray://head:10001 or auto on a cluster node)"
 # ray.shutdown, once every task is done, on a thread of its own: for a local instance it waits
 # 1.1-1.3 s for Ray's processes to exit (0.09 CPU-s), which the ingest's cross-rank stage and
@@ -46,9 +50,6 @@ def results(
         ) from None
     settle()  # a local instance still shutting down is not one to run on
     started = not ray.is_initialized()
-    if started:
-        _connect(ray, address, workers)
-    remote: Any = ray.remote(num_cpus=1, max_retries=0)(read_file)
 
     def wait(ref: Any) -> list[RankResult]:
         try:
@@ -66,15 +67,18 @@ def results(
 
     finished = False
     try:
+        if started:  # inside the try: a stop during ray.init shuts down what it started
+            _connect(ray, address, workers)
+        remote: Any = ray.remote(num_cpus=1, max_retries=0)(read_file)
         cpus: Any = ray.cluster_resources().get("CPU", workers)  # type: ignore[no-untyped-call]
         ahead = 2 * max(1, int(cpus))
         yield from in_order(lambda t: remote.remote(*t, run_dir), wait, tasks, ahead)
         finished = True
     finally:
-        if started and finished:  # nothing in flight: the ingest goes on meanwhile
+        if started:  # finished: it shuts down beside the rest of the ingest (settle waits)
             _closing.append(_Closing(ray))
-        elif started:  # an error or an interrupt: tasks in flight stop before the run is removed
-            ray.shutdown()
+            if not finished:  # an error or a stop: tasks in flight end before the run is removed
+                settle()
 
 
 class _Closing:
@@ -94,10 +98,17 @@ class _Closing:
 
 def settle() -> None:
     """Wait for the shutdown of a local instance that `results` left running (loader: before
-    an ingest returns, so that no Ray process outlives it); its error raised here."""
+    an ingest returns, so that no Ray process outlives it); its error raised here. Through
+    Ctrl+C too, a stop meanwhile raised once Ray is down: the instance was forgotten before
+    the wait, so a stop that landed in it left the shutdown running, the interpreter's exit
+    waited for its thread, and a second Ctrl+C there printed a traceback ("Exception ignored
+    in threading._shutdown"; 1 of 5 double Ctrl+C sent as a local Ray instance stopped)."""
     while _closing:
-        c = _closing.pop()
-        c.helper.wait()
+        c = _closing[-1]
+        try:
+            through_stops(functools.partial(c.helper.wait, _WAIT_S))  # returns once Ray is down
+        finally:
+            _closing.pop()
         if c.error is not None:
             raise c.error
 
@@ -132,8 +143,13 @@ def _connect(ray: Any, address: str | None, workers: int) -> None:
     else:
         answered = _answers(address)
         kwargs["logging_level"] = logging.WARNING  # not Ray's "Connected to ..." lines
+    # A local instance's start (2-4 s) is not cut by a stop: what ray.init had started when one
+    # landed inside it was beyond ray.shutdown's reach. A cluster's connection starts nothing
+    # here, and may wait a minute for its head: a stop ends it at once.
+    held = stops_held() if address is None else contextlib.nullcontext()
     try:
-        ray.init(**kwargs)
+        with held:
+            ray.init(**kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         hint = _HINT
         if answered:  # then Ray refused this driver: the token, or the versions (or no Ray head)
