@@ -81,8 +81,8 @@ def stops_held() -> Iterator[None]:
     try:
         yield
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+        for s, handler in old.items():  # None: one not set from Python, which cannot be put back
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
         if got:
             signal.raise_signal(got[0])
 
