@@ -9,7 +9,6 @@ driver's token it logs "InvalidAuthToken" twenty times and raises "Failed to con
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
 import logging
 import socket
@@ -28,7 +27,6 @@ from ranklens.ingest.threads import Helper, through_stops
 # errors still show).
 _LOCAL_RAY: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.ERROR}
 _REACH_S = 3.0  # how long a cluster's head may take to accept a TCP connection
-_WAIT_S = 0.1  # settle's waits for the shutdown, each short enough to notice a stop
 _HINT = "check --ray-address (e.g. ray://head:10001 or auto on a cluster node)"
 # ray.shutdown, once every task is done, on a thread of its own: for a local instance it waits
 # 1.1-1.3 s for Ray's processes to exit (0.09 CPU-s), which the ingest's cross-rank stage and
@@ -106,7 +104,7 @@ def settle() -> None:
     while _closing:
         c = _closing[-1]
         try:
-            through_stops(functools.partial(c.helper.wait, _WAIT_S))  # returns once Ray is down
+            through_stops(c.helper.wait)  # returns once Ray is down
         finally:
             _closing.pop()
         if c.error is not None:
