@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 import pyarrow as pa
-from ranklens.ingest import kineto_fast, staging
+from ranklens.ingest import kineto_fast, staging, step_assign
 from ranklens.ingest._model import rank_from_name
 from ranklens.ingest.errors import NotATraceError, TraceFormatError
 from ranklens.ingest.gz import uncompressed
@@ -321,7 +321,9 @@ def decode_staged(prep: Prepared, index: int, rank: int, trace_id: int) -> Piece
     pc = decode_piece(prep, index, rank, trace_id)
     check_times(prep.path, pc.table)
     if pc.table.num_rows:
-        pc.staged = staging.pack(pc.table)
+        staged = pc.staged = staging.pack(pc.table)
+        if len(prep.pieces) == 1:  # the whole rank: its steps too, off the one writer's time
+            staged.assigned = step_assign.assign(staging.step_table([staged]), prep.has_device)
     pc.table = pa.table({})
     return pc
 

@@ -160,11 +160,12 @@ def _kinds_ops(
     has_dev: bool,
 ) -> tuple[pa.Array, pa.Array]:
     """Kind and collective op, classified once per distinct (cat, name) as the reference does."""
-    pair = cat_codes.astype(np.int64) * max(len(names), 1) + name_codes
+    width = max(len(names), 1)
+    pair = cat_codes.astype(np.int64) * width + name_codes
     uniq, inverse = np.unique(pair, return_inverse=True)
     kinds, ops = [], []
     for p in uniq.tolist():
-        kind, op = _classify(cats[p // max(len(names), 1)], names[p % max(len(names), 1)], has_dev)
+        kind, op = _classify(cats[p // width], names[p % width], has_dev)
         kinds.append(kind)
         ops.append(op)
     idx = pa.array(inverse.astype(np.int32))
@@ -172,13 +173,21 @@ def _kinds_ops(
     op_arr = pa.array(ops, pa.string()).take(idx)
     if coll.null_count < len(coll):  # an explicit `Collective name` decides the op
         has = coll.is_valid()
-        rows = np.flatnonzero(has.to_numpy(zero_copy_only=False)).tolist()
-        texts = coll.take(pa.array(rows)).to_pylist()
+        rows = np.flatnonzero(has.to_numpy(zero_copy_only=False))
+        # once per distinct (cat, name, text), as the kinds above: every collective of a
+        # rank carries one, and a call per row was a third of a small rank's decoding
+        text = coll.take(pa.array(rows)).dictionary_encode()
+        texts = text.dictionary.to_pylist()
+        key = inverse[rows].astype(np.int64) * len(texts) + text.indices.to_numpy()
+        ukey, at = np.unique(key, return_inverse=True)
+        pairs, which = uniq[ukey // len(texts)].tolist(), (ukey % len(texts)).tolist()
         fixed = [
-            comm_op_of(cats[cat_codes[i]], names[name_codes[i]], t)
-            for i, t in zip(rows, texts, strict=True)
+            comm_op_of(cats[c // width], names[c % width], texts[t])
+            for c, t in zip(pairs, which, strict=True)
         ]
-        op_arr = pc.replace_with_mask(op_arr, has, pa.array(fixed, pa.string()))
+        op_arr = pc.replace_with_mask(
+            op_arr, has, pa.array(fixed, pa.string()).take(pa.array(at.astype(np.int32)))
+        )
     return kind_arr, op_arr
 
 
@@ -216,7 +225,12 @@ def _groups(
     pg = strs["pg_name"]
     if pg.null_count == len(pg):
         return []
-    rows = np.flatnonzero(pg.is_valid().to_numpy(zero_copy_only=False)).tolist()
+    # _arg_groups keeps the first row of each group name: only those rows are read (one per
+    # collective and rank, row by row, was a fifth of a small rank's decoding)
+    codes = pg.dictionary_encode().indices
+    valid = np.flatnonzero(codes.is_valid().to_numpy(zero_copy_only=False))
+    _, first = np.unique(codes.filter(codes.is_valid()).to_numpy(), return_index=True)
+    rows = np.sort(valid[first]).tolist()
     gs_vals, gs_ok = ints["group_size"]
     args = []
     for i in rows:

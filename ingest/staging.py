@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -32,6 +33,9 @@ class Piece:
     rows: int
     step_cols: pa.Table
     packed: pa.Buffer | pa.Table
+    # The rank's steps (step_assign.assign's answer), where the piece was decoded, when it
+    # is the rank's only piece; else None (the writer assigns them on all its pieces).
+    assigned: tuple[pa.Array, list[Any]] | None = None
 
 
 def pack(table: pa.Table, *, compress: bool = True) -> Piece:

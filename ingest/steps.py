@@ -64,7 +64,7 @@ def write_ranks(
     ranks = [(r, g, pieces) for r, g, pieces in ranks if pieces]
     if not ranks:
         return
-    assigned = [step_assign.assign(staging.step_table(pieces), g) for _r, g, pieces in ranks]
+    assigned = [_assigned(pieces, g) for _r, g, pieces in ranks]
     try:
         one = _stream_schema([p for _r, _g, pieces in ranks for p in pieces])
         schemas = [one] * len(ranks)
@@ -80,6 +80,15 @@ def write_ranks(
         for schema, readers in streams:
             batches = _coalesced(batch for reader in readers for batch in reader)
             insert_events(con, pa.RecordBatchReader.from_batches(schema, batches))
+
+
+def _assigned(
+    pieces: list[staging.Piece], has_gpu: bool
+) -> tuple[pa.Array, list[step_assign.Window]]:
+    """The rank's steps: as the worker that decoded its only piece assigned them, else here."""
+    if len(pieces) == 1 and pieces[0].assigned is not None:
+        return pieces[0].assigned
+    return step_assign.assign(staging.step_table(pieces), has_gpu)
 
 
 def _coalesced(batches: Iterator[pa.RecordBatch], rows: int = 65_536) -> Iterator[pa.RecordBatch]:
