@@ -1,7 +1,8 @@
-"""The console script asks numpy and pyarrow's allocator for ordinary pages and numpy's BLAS
-for one thread (lifecycle.settle_allocators: huge pages' first touch was 12% of an Nsight
-ingest's CPU on a VM), before either is imported, for itself and its decoding workers; a
-user's own setting wins; a library caller's process is left as it is."""
+"""The console script asks numpy and pyarrow's allocator for ordinary pages, numpy's BLAS
+for one thread and glibc for large arrays from its heap (lifecycle.settle_allocators: huge
+pages' first touch was 12% of an Nsight ingest's CPU on a VM, and a fresh mapping per array
+faulted every page again), for itself and its decoding workers; a user's own setting wins; a
+library caller's process is left as it is."""
 
 from __future__ import annotations
 
@@ -18,13 +19,21 @@ SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "megatron_tp2_p
 # What a process reports: the variables, and numpy's own reading of its setting (numpy reads
 # NUMPY_MADVISE_HUGEPAGE once, at import: True means it asks for huge pages). A module of its
 # own, so a worker can run it.
+# heap_arrays: whether a 64 MB array (over glibc's largest threshold of its own, 32 MB) came
+# from the process' heap (the [heap] line of its maps), not from a mapping of its own.
 _PROBE = (
     "def state():\n"
     "    import os\n"
+    "    import numpy as np\n"
     "    import numpy._core.multiarray as m\n"
     f"    names = {sorted(ALLOCATOR_DEFAULTS)!r}\n"
+    "    a = np.ones(8 << 20)\n"
+    "    at = a.ctypes.data\n"
+    "    heap = [l.split()[0].split('-') for l in open('/proc/self/maps') if l.rstrip()"
+    ".endswith('[heap]')]\n"
     "    return {'env': {k: os.environ.get(k) for k in names},\n"
-    "            'numpy_huge_pages': bool(m._get_madvise_hugepage())}\n"
+    "            'numpy_huge_pages': bool(m._get_madvise_hugepage()),\n"
+    "            'heap_arrays': any(int(lo, 16) <= at < int(hi, 16) for lo, hi in heap)}\n"
 )
 
 
@@ -69,6 +78,7 @@ def test_the_console_script_and_its_workers_ask_for_ordinary_pages(tmp_path: Pat
     for who in ("main", "worker"):
         assert got[who]["env"] == ALLOCATOR_DEFAULTS, who
         assert got[who]["numpy_huge_pages"] is False, who
+        assert got[who]["heap_arrays"] is True, who
 
 
 def test_a_users_own_setting_wins(tmp_path: Path) -> None:
@@ -77,10 +87,12 @@ def test_a_users_own_setting_wins(tmp_path: Path) -> None:
         tmp_path,
         NUMPY_MADVISE_HUGEPAGE="1",
         MIMALLOC_ALLOW_THP="1",
+        MALLOC_MMAP_THRESHOLD_=str(1 << 20),
     )
     for who in ("main", "worker"):
         assert got[who]["numpy_huge_pages"] is True, who
         assert got[who]["env"]["MIMALLOC_ALLOW_THP"] == "1", who
+        assert got[who]["heap_arrays"] is False, who  # glibc read the user's 1 MB
         assert got[who]["env"]["OPENBLAS_NUM_THREADS"] == "1", who  # the one not given
 
 
@@ -98,4 +110,5 @@ def test_library_use_is_left_as_it_is(tmp_path: Path) -> None:
     got = _run(code, tmp_path / "lib")
     bare = _run(_BARE, tmp_path)
     assert got["main"]["env"] == {k: None for k in ALLOCATOR_DEFAULTS}
+    assert got["main"]["heap_arrays"] is False  # glibc's own way: a mapping per large array
     assert got == bare  # numpy's own default (True on Linux), as in a process without ranklens
