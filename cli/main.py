@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-from ranklens.analysis import by_name, results_keep, run_compare
+from ranklens.analysis import by_name, results_keep, results_store, run_compare
 from ranklens.analysis.advice import tailor
 from ranklens.analysis.report import build_report
 from ranklens.analysis.run_profile import profile
@@ -170,12 +170,13 @@ def analyze(
     table: Annotated[str | None, typer.Option(help="Secondary table (e.g. by_group).")] = None,
     opts: OpenOptions = FROM_FLAGS,
 ) -> None:
-    """Run one analysis and print its table (or a secondary table) and findings."""
+    """Run one analysis and print its table (or a secondary table) and findings: its result
+    stored in the run when fresh (results_store), else computed."""
     analyses = by_name()
     if name not in analyses:
         raise typer.BadParameter(f"unknown analysis {name!r}; choose from {', '.join(analyses)}")
     with open_run(source, opts) as run:
-        res = analyses[name].run(run.con)
+        res = results_store.compute_or_load(run.con, analyses[name])
         res = replace(res, findings=tuple(tailor(list(res.findings), profile(run.con))))
     df = res.table if table is None else res.tables.get(table)
     if df is None:

@@ -15,6 +15,7 @@ import duckdb
 import pytest
 from ranklens.analysis import (
     REGISTRY,
+    by_name,
     critical_path,
     report,
     results_keep,
@@ -199,3 +200,23 @@ def test_unknown_results_value_is_a_usage_error(tmp_path: Path) -> None:
 
 def _refuse(*_: object, **__: object) -> None:
     raise AssertionError("the dependency graph was built")
+
+
+@pytest.mark.parametrize(("name", "table"), [("overlap", None), ("pipeline", "blocks")])
+def test_analyze_reads_a_fresh_stored_result(
+    runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, name: str, table: str | None
+) -> None:
+    """`analyze` prints the stored result, identical to what it computes on the run without
+    one; with the analysis made unable to run, only the stored one can answer."""
+    extra = [] if table is None else ["--table", table]
+    computed, _ = invoke("analyze", name, str(runs["later"]), "-f", "csv", *extra)
+    mod = by_name()[name]
+
+    def cannot(*_a: object, **_k: object) -> None:
+        raise AssertionError(f"{name} computed again")
+
+    monkeypatch.setattr(mod, "run", cannot)
+    stored, _ = invoke("analyze", name, str(runs["now"]), "-f", "csv", *extra)
+    assert stored == computed and len(computed.splitlines()) > 1
+    res = runner.invoke(app, ["analyze", name, str(runs["later"]), "-f", "csv", *extra])
+    assert res.exit_code != 0 and "computed again" in repr(res.exception)
