@@ -211,8 +211,8 @@ def settle_allocators() -> None:
     OpenBLAS' threads spun after numpy's few small dot products (1% of the CPU); ranklens runs
     no BLAS work worth a thread. glibc's malloc maps every array over 32 MB afresh, and frees
     it to the system: on such a VM each numpy step over millions of events then paid its page
-    faults again (the 5 M-kernel export's dependency graph: 23.1-26.2 -> 18.0-18.9 s from the
-    heap, peak 3.65 -> 3.9 GB). glibc reads its variable at the process' start, so this
+    faults again (the 5 M-kernel export's dependency graph: 23.1-26.2 -> 15.9-18.9 s from the
+    heap, peak 3.65 -> 3.8-4.1 GB). glibc reads its variable at the process' start, so this
     process is told by mallopt; its workers, started after, read the variable."""
     mine = _MMAP_THRESHOLD not in os.environ
     for name, value in ALLOCATOR_DEFAULTS.items():

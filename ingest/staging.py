@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
+
+if TYPE_CHECKING:
+    from ranklens.ingest.step_assign import Window
 
 # What steps.py's SQL reads of a rank's events.
 STEP_COLUMNS = ("name", "kind", "device", "ts_ns", "dur_ns", "correlation")
@@ -35,7 +38,7 @@ class Piece:
     packed: pa.Buffer | pa.Table
     # The rank's steps (step_assign.assign's answer), where the piece was decoded, when it
     # is the rank's only piece; else None (the writer assigns them on all its pieces).
-    assigned: tuple[pa.Array, list[Any]] | None = None
+    assigned: tuple[pa.Array, list[Window]] | None = None
 
 
 def pack(table: pa.Table, *, compress: bool = True) -> Piece:
