@@ -159,7 +159,8 @@ def _kinds_ops(
     coll: pa.Array,
     has_dev: bool,
 ) -> tuple[pa.Array, pa.Array]:
-    """Kind and collective op, classified once per distinct (cat, name) as the reference does."""
+    """Kind and collective op as the reference gives them, classified once per distinct
+    (cat, name), and an explicit `Collective name`'s op once per distinct (cat, name, text)."""
     width = max(len(names), 1)
     pair = cat_codes.astype(np.int64) * width + name_codes
     uniq, inverse = np.unique(pair, return_inverse=True)
