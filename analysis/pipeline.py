@@ -39,8 +39,18 @@ NAME = "pipeline"
 VIEW_FILES: tuple[str, ...] = ("pipeline", "pipeline_p2p", "pipeline_steps")
 # Held while run() queries them (in dependency order): each of its queries would otherwise
 # recompute the p2p ops and blocks from every event (on a sharded run, every shard read again).
-# 8 ranks x 60 MB: 1.4 -> 0.8 s on one file, 9.3 -> 3.4 s sharded.
-HELD: tuple[str, ...] = ("_pipeline_ops", "_pipeline_blocks_raw", "pipeline_by_step")
+# 8 ranks x 60 MB: 1.4 -> 0.8 s on one file, 9.3 -> 3.4 s sharded. The stages' device events
+# first: the blocks read them three times and the bubbles twice more (a 1,024-rank job:
+# 2.9-3.2 -> ? s).
+HELD: tuple[str, ...] = (
+    "pipeline_stages",
+    "_pipeline_comm_ev",
+    "_pipeline_compute_ev",
+    "_pipeline_other_ev",
+    "_pipeline_ops",
+    "_pipeline_blocks_raw",
+    "pipeline_by_step",
+)
 USES_ACTIVITY = False  # reads the activity views (held once by report, ingest)
 
 COLUMNS: dict[str, str] = {
