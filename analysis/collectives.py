@@ -77,7 +77,7 @@ class Params:
 
 def run(con: duckdb.DuckDBPyConnection, params: Params = Params()) -> Result:
     """Bandwidth per instance and aggregated; mismatches; findings."""
-    # the instances feed three queries: computed once (a 1,024-rank job: 0.9 -> ? s)
+    # the instances feed three queries: computed once (a 1,024-rank job: 0.8 -> 0.6 s)
     with HeldViews(con, "collectives", "collectives_by_instance"):
         inst = query_pl(
             con,

@@ -41,7 +41,7 @@ VIEW_FILES: tuple[str, ...] = ("pipeline", "pipeline_p2p", "pipeline_steps")
 # recompute the p2p ops and blocks from every event (on a sharded run, every shard read again).
 # 8 ranks x 60 MB: 1.4 -> 0.8 s on one file, 9.3 -> 3.4 s sharded. The stages' device events
 # first: the blocks read them three times and the bubbles twice more (a 1,024-rank job:
-# 2.9-3.2 -> ? s).
+# 2.9-3.2 -> 2.4-2.7 s).
 HELD: tuple[str, ...] = (
     "pipeline_stages",
     "_pipeline_comm_ev",
