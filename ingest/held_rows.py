@@ -71,10 +71,12 @@ class HeldRows:
         ]
 
     def write(self, con: duckdb.DuckDBPyConnection) -> None:
-        """INSERT every held row, a statement per table, and forget them."""
+        """INSERT every held row, a statement per table, and forget them. The held tables are
+        joined into one chunk first: DuckDB scans an Arrow chunk at a fixed cost, and a batch
+        of ~1,000 small ranks' rows, a chunk each, took 0.5 s to insert instead of 0.01."""
         for table in TABLES:
             held, self._held[table] = self._held[table], []
-            rows = pa.concat_tables(held) if held else None
+            rows = pa.concat_tables(held).combine_chunks() if held else None
             if rows is not None and rows.num_rows:
                 with registered(con, "_held_rows", rows):
                     con.execute(f"INSERT INTO {table} SELECT * FROM _held_rows")

@@ -51,13 +51,16 @@ SELECT * FROM _critical_path_events ORDER BY rank, step, device, stream, is_comm
 CREATE OR REPLACE TEMP VIEW _critical_path_ev AS
 SELECT (row_number() OVER () - 1)::BIGINT AS eid, * FROM _critical_path_ord;
 
--- Each device event's launch call (same rank, step and correlation id), as event ids.
+-- Each device event's launch call (same rank, step and correlation id), as event ids: the
+-- first host call of each id, joined to the device events (grouping the join's rows by device
+-- event instead took 0.53 s against 0.30-0.34 on a 1,024-rank job's 1.26 M kernels).
 CREATE OR REPLACE TEMP VIEW _critical_path_launch AS
-SELECT d.eid AS dev, min(h.eid) AS host
-FROM _critical_path_ev d JOIN _critical_path_ev h
-  ON h.rank = d.rank AND h.step = d.step AND h.correlation = d.correlation AND h.cls = 3
-WHERE d.cls <> 3 AND d.correlation IS NOT NULL
-GROUP BY d.eid;
+SELECT d.eid AS dev, h.host
+FROM _critical_path_ev d JOIN (
+  SELECT rank, step, correlation, min(eid) AS host FROM _critical_path_ev
+  WHERE cls = 3 AND correlation IS NOT NULL GROUP BY ALL) h
+  ON h.rank = d.rank AND h.step = d.step AND h.correlation = d.correlation
+WHERE d.cls <> 3 AND d.correlation IS NOT NULL;
 
 -- What each blocking host call waited for: the device event of its rank and step that ended
 -- last when the call returned, if it ended while the host was in the call (Kineto does not
