@@ -47,15 +47,19 @@ def rich_mask(batch: pa.RecordBatch) -> pa.Array:
     return pc.fill_null(mask, False)  # a NULL mark would keep the row out of both tables
 
 
-def insert_events(con: duckdb.DuckDBPyConnection, rows: pa.Table | pa.RecordBatchReader) -> None:
+def insert_events(
+    con: duckdb.DuckDBPyConnection, rows: pa.Table | pa.RecordBatchReader, pack: bool = True
+) -> None:
     """Append rows (with their step) to `events`, by column name (columns a reader does not fill
-    stay NULL): the plain ones streamed into `events_plain`, then the rich ones (held LZ4-packed
-    meanwhile: they may be many when a trace records shapes) into `events_rich`."""
+    stay NULL): the plain ones streamed into `events_plain`, then the rich ones into
+    `events_rich`, held meanwhile LZ4-packed (they may be many when a trace records shapes), or
+    as they are with `pack=False`, for a caller whose rows are bounded (the batched small ranks:
+    packing and unpacking cost ~0.15 s a million rows of the one writer's time)."""
     reader = rows.to_reader() if isinstance(rows, pa.Table) else rows
     names = [c for c in _EVENTS if c in reader.schema.names]
     plain = [c for c in names if c not in EVENTS_SPARSE]
     marked = pa.schema([*(reader.schema.field(c) for c in plain), pa.field(_RICH, pa.bool_())])
-    held: list[pa.Buffer] = []
+    held: list[pa.Buffer | pa.RecordBatch] = []
 
     def plain_batches() -> Iterator[pa.RecordBatch]:
         # Every batch goes on whole, marked: DuckDB drops the rich rows as it reads (a copy of
@@ -64,7 +68,8 @@ def insert_events(con: duckdb.DuckDBPyConnection, rows: pa.Table | pa.RecordBatc
         for batch in reader:
             mask = rich_mask(batch)
             if pc.any(mask).as_py():
-                held.append(staging.packed(batch.filter(mask).select(names)))
+                rich = batch.filter(mask).select(names)
+                held.append(staging.packed(rich) if pack else rich)
             yield pa.RecordBatch.from_arrays(
                 [*(batch.column(c) for c in plain), mask], schema=marked
             )
@@ -102,13 +107,18 @@ def _append(
         con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _ev{where}")
 
 
-def _unpacked(held: list[pa.Buffer], schema: pa.Schema) -> pa.RecordBatchReader:
-    """The held rows, one packed batch at a time (each released as it is read)."""
+def _unpacked(held: list[pa.Buffer | pa.RecordBatch], schema: pa.Schema) -> pa.RecordBatchReader:
+    """The held rows, one held batch at a time, unpacked if packed (each released as it is
+    read)."""
 
     def batches() -> Iterator[pa.RecordBatch]:
         held.reverse()
         while held:
-            yield from staging.unpacked(held.pop())
+            item = held.pop()
+            if isinstance(item, pa.RecordBatch):
+                yield item
+            else:
+                yield from staging.unpacked(item)
 
     return pa.RecordBatchReader.from_batches(schema, batches())
 

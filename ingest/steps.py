@@ -79,7 +79,8 @@ def write_ranks(
         insert_windows(con, [(r, w) for (r, _g, _p), (_s, w) in zip(ranks, assigned, strict=True)])
         for schema, readers in streams:
             batches = _coalesced(batch for reader in readers for batch in reader)
-            insert_events(con, pa.RecordBatchReader.from_batches(schema, batches))
+            # at most ~sink.BATCH_ROWS rows: the rich ones held as they are, not packed
+            insert_events(con, pa.RecordBatchReader.from_batches(schema, batches), pack=False)
 
 
 def _assigned(
@@ -239,9 +240,13 @@ def _stream_schema(pieces: list[staging.Piece]) -> pa.Schema:
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """`table` with exactly `schema`'s columns (NULL where it has none), types and order."""
-    n = table.num_rows
-    cols = [table[f.name] if f.name in table.column_names else pa.nulls(n, f.type) for f in schema]
-    out = pa.table(cols, names=schema.names)
+    have = set(table.column_names)
+    if have.issuperset(schema.names):  # the usual case: one call, no per-column Python
+        out = table.select(schema.names)
+    else:
+        n = table.num_rows
+        cols = [table.column(f.name) if f.name in have else pa.nulls(n, f.type) for f in schema]
+        out = pa.table(cols, names=schema.names)
     return out if out.schema.equals(schema) else out.cast(schema)
 
 
