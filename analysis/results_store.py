@@ -30,6 +30,7 @@ import duckdb
 import polars as pl
 from ranklens.analysis._base import Finding, Result, Severity
 from ranklens.analysis._sql import query_pl
+from ranklens.analysis.results_split import Done, Shared, helping, own_and_shared
 from ranklens.ingest.database import connect_writable, registered
 from ranklens.ingest.schema import SCHEMA_VERSION
 
@@ -211,23 +212,53 @@ def finalize_run(con: duckdb.DuckDBPyConnection) -> None:
     from ranklens.analysis.views import store_views
 
     store_views(con)
-    # The dependency graph is built on a connection of its own while the analyses run: it
-    # reads only the run's tables and views, committed before this point. Both share DuckDB's
-    # memory budget: what did not fit side by side is done again alone, as it was before.
+    # The dependency graph is built on a connection of its own while the analyses run, and
+    # then takes analyses from the same queue (results_split): it reads only the run's tables
+    # and views, committed before this point. Both share DuckDB's memory budget: what did not
+    # fit side by side is done again alone, as it was before.
+    mods = tuple(m for m in REGISTRY if m.NAME not in SKIP)
+    own, shared = own_and_shared(mods)
     model: critical_path.Model | None = None
-    with background(con, critical_path.model) as built:
-        stored = _if_it_fits(con, lambda: store_all(con, REGISTRY))
+    theirs: Done = {}
+    done: set[str] = set()
+    mine: list[str] = []
+    work = helping(shared, critical_path.model, _out_of_memory)
+    with background(con, work) as built:
+        if _if_it_fits(con, lambda: mine.extend(_run_own(con, own, shared))):
+            done.update(mine)
         try:
-            model = built()
+            model, theirs = built()
         except duckdb.Error as exc:
             if not _out_of_memory(exc):
                 raise
-    if not stored:
-        _if_it_fits(con, lambda: store_all(con, REGISTRY))
+    if theirs and _if_it_fits(con, lambda: [store(con, r, m) for m, r in theirs.values()]):
+        done.update(theirs)
+    missing = tuple(m for m in mods if m.NAME not in done)
+    if missing:
+        _if_it_fits(con, lambda: store_all(con, missing))
     kept = model
     _if_it_fits(con, lambda: store_report(con, None if kept is None else lambda: kept))
     _if_it_fits(con, lambda: store_overview(con))
     mark_made(con)
+
+
+def _run_own(
+    con: duckdb.DuckDBPyConnection, own: tuple[ModuleType, ...], shared: Shared
+) -> list[str]:
+    """Compute and store `own` (with the activity views held), then what `shared` still holds;
+    the names computed (stored, or not storable: either way not to be computed again)."""
+    from ranklens.analysis import _activity
+
+    names = []
+    if own:
+        with _activity.held(con):
+            for mod in own:
+                store(con, mod.run(con), mod)
+                names.append(str(mod.NAME))
+    while (next_mod := shared.take()) is not None:
+        store(con, next_mod.run(con), next_mod)
+        names.append(str(next_mod.NAME))
+    return names
 
 
 MADE = "results_made_by"  # meta: the tool and run state the stored results were made for

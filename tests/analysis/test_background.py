@@ -9,11 +9,12 @@ import threading
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import duckdb
 import pytest
 from duckdb.sqltypes import BIGINT
-from ranklens.analysis import critical_path, report
+from ranklens.analysis import critical_path, report, results_split
 from ranklens.analysis._background import background
 from ranklens.analysis.report import stored_report
 from ranklens.ingest.loader import load_traces
@@ -156,8 +157,9 @@ def test_what_did_not_fit_side_by_side_is_done_alone(
     from ranklens.analysis import results_store
 
     db = _job_db(tmp_path)
-    calls = {"model": 0, "store_all": 0}
-    real_model, real_store_all = critical_path.model, results_store.store_all
+    calls = {"model": 0, "own": 0, "store_all": 0}
+    real_model, real_own = critical_path.model, results_store._run_own
+    real_store_all = results_store.store_all
 
     def model(con: duckdb.DuckDBPyConnection) -> critical_path.Model:
         calls["model"] += 1
@@ -165,22 +167,95 @@ def test_what_did_not_fit_side_by_side_is_done_alone(
             raise duckdb.OutOfMemoryException("Out of Memory Error: side by side")
         return real_model(con)
 
+    def own(con: duckdb.DuckDBPyConnection, mods: tuple[ModuleType, ...], shared: Any) -> None:
+        calls["own"] += 1
+        real_own(con, mods[:2], results_split.Shared([]))  # some written, then out of memory
+        raise duckdb.OutOfMemoryException("Out of Memory Error: side by side")
+
     def store_all(con: duckdb.DuckDBPyConnection, mods: tuple[ModuleType, ...]) -> list[str]:
         calls["store_all"] += 1
-        if calls["store_all"] == 1:
-            real_store_all(con, mods[:2])  # some written, then out of memory: rolled back
-            raise duckdb.OutOfMemoryException("Out of Memory Error: side by side")
         done: list[str] = real_store_all(con, mods)
         return done
 
     monkeypatch.setattr(critical_path, "model", model)
+    monkeypatch.setattr(results_store, "_run_own", own)
     monkeypatch.setattr(results_store, "store_all", store_all)
     con = duckdb.connect(str(db))
     results_store.finalize_run(con)
     con.close()
-    assert calls == {"model": 2, "store_all": 2}
+    # the graph failed before it took any analysis, the analyses' transaction was rolled back:
+    # every analysis is computed once more, alone, and the graph once more for the report
+    assert calls == {"model": 2, "own": 1, "store_all": 1}
     got = _stored(db)
-    assert "report" in got and "critical_path" in got and "pipeline" in got
+    for name in ("report", "critical_path", "pipeline", "contention", "overlap", "stragglers"):
+        assert name in got, name
+
+
+def test_the_graphs_thread_takes_analyses_each_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the graph is built, its thread takes analyses from the queue the ingest's
+    connection takes from too (results_split): each analysis runs once, on one side, the
+    thread's results are stored by the ingest's connection, and the stored report is the one
+    computed alone. One that does not fit on the thread is computed after the join."""
+    from ranklens.analysis import REGISTRY, results_store
+
+    db = _job_db(tmp_path)
+    ran: dict[str, list[int]] = {}
+    helped = threading.Event()
+    real_own, real_helping = results_store._run_own, results_store.helping
+
+    def own(con: duckdb.DuckDBPyConnection, mods: tuple[ModuleType, ...], shared: Any) -> list[str]:
+        assert helped.wait(60)  # the thread takes the whole queue first (deterministic)
+        return real_own(con, mods, shared)
+
+    def helping(*args: Any) -> Any:
+        work = real_helping(*args)
+
+        def done_then_say(cur: duckdb.DuckDBPyConnection) -> Any:
+            try:
+                return work(cur)
+            finally:
+                helped.set()
+
+        return done_then_say
+
+    def counted(mod: ModuleType, fail: bool) -> Any:
+        real = mod.run
+
+        def run(con: duckdb.DuckDBPyConnection) -> Any:
+            ran.setdefault(mod.NAME, []).append(threading.get_ident())
+            if fail and len(ran[mod.NAME]) == 1:
+                raise duckdb.OutOfMemoryException("Out of Memory Error: on the thread")
+            return real(con)
+
+        return run
+
+    shared = [m for m in REGISTRY if not getattr(m, "USES_ACTIVITY", False)]
+    shared = [m for m in shared if m.NAME not in results_store.SKIP]
+    assert len(shared) >= 2
+    for i, mod in enumerate(shared):
+        monkeypatch.setattr(mod, "run", counted(mod, fail=i == len(shared) - 1))
+    monkeypatch.setattr(results_store, "_run_own", own)
+    monkeypatch.setattr(results_store, "helping", helping)
+    con = duckdb.connect(str(db))
+    results_store.finalize_run(con)
+    con.close()
+    main = threading.get_ident()
+    for mod in shared[:-1]:  # taken by the thread, computed there once
+        assert len(ran[mod.NAME]) == 1 and ran[mod.NAME][0] != main, mod.NAME
+    last = ran[shared[-1].NAME]  # out of memory on the thread: computed again here
+    assert len(last) == 2 and last[0] != main and last[1] == main
+    got = _stored(db)
+    for mod in shared:
+        assert mod.NAME in got, mod.NAME
+    monkeypatch.undo()
+    con = duckdb.connect(str(db), read_only=True)
+    kept = stored_report(con)
+    assert kept is not None
+    fresh, _model = report._assemble(con, None)
+    assert kept[0].findings == fresh.findings and kept[0].facts == fresh.facts
+    con.close()
 
 
 def test_a_cleanup_after_running_out_of_memory_is_still_out_of_memory(tmp_path: Path) -> None:
