@@ -1,9 +1,9 @@
 """The stored results' analyses shared between the ingest's connection and the graph's thread.
 
 Why: `finalize_run` builds the dependency graph on a thread of its own while the analyses run
-on the ingest's connection. On a 1,024-rank job the graph was done seconds before the analyses
-(~4.5 s against ~8 s), a core idle meanwhile; on a one-rank 5 M-kernel capture it is the other
-way round. Analyses that do not read the activity views (which are held on the ingest's
+on the ingest's connection. On a 1,024-rank job the graph was done ~2 s before the analyses
+(~6 s against ~8 s, side by side), a core idle meanwhile; on a one-rank 5 M-kernel capture it
+is the other way round. Analyses that do not read the activity views (which are held on the ingest's
 connection only) wait in one queue: whichever side is free takes the next, so the two halves
 end together on either shape. What the thread computed is stored by the ingest's connection,
 in its own transaction (the thread only reads what is committed).
