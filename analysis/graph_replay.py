@@ -84,7 +84,7 @@ def replay_levels(g: Graph, lg: I64, ad: I64, track: bool) -> Replay:
     lv = levels(g)
     low = (len(lg) and int(lg.min()) < NEG) or (len(ad) and int(ad.min()) < 0)
     if lv is None or low or (len(g.v_base) and int(g.v_base.min()) < NEG):
-        return replay_loop(g, ad, lg, track)
+        return replay_loop_py(g, ad, lg, track)  # the C loop, if built, already declined
     val = np.zeros(len(g.v_base), dtype=np.int64)
     arg = np.full(len(g.v_base), -1, dtype=np.int64)
     for vs in lv:

@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import TypeVar
 
 import duckdb
+from ranklens.analysis import _activity
 from ranklens.analysis._base import Result
 
 T = TypeVar("T")
@@ -40,8 +41,9 @@ def own_and_shared(mods: Iterable[ModuleType]) -> tuple[tuple[ModuleType, ...], 
     """The analyses only the ingest's connection runs (they read the activity views it holds),
     and the queue of the others."""
     mods = tuple(mods)
-    own = tuple(m for m in mods if getattr(m, "USES_ACTIVITY", False))
-    return own, Shared(m for m in mods if m not in own)
+    users = set(_activity.users(mods))
+    own = tuple(m for m in mods if m.NAME in users)
+    return own, Shared(m for m in mods if m.NAME not in users)
 
 
 def helping(

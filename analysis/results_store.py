@@ -231,7 +231,7 @@ def finalize_run(con: duckdb.DuckDBPyConnection) -> None:
         except duckdb.Error as exc:
             if not _out_of_memory(exc):
                 raise
-    if theirs and _if_it_fits(con, lambda: [store(con, r, m) for m, r in theirs.values()]):
+    if theirs and _if_it_fits(con, lambda: _store_each(con, theirs)):
         done.update(theirs)
     missing = tuple(m for m in mods if m.NAME not in done)
     if missing:
@@ -240,6 +240,12 @@ def finalize_run(con: duckdb.DuckDBPyConnection) -> None:
     _if_it_fits(con, lambda: store_report(con, None if kept is None else lambda: kept))
     _if_it_fits(con, lambda: store_overview(con))
     mark_made(con)
+
+
+def _store_each(con: duckdb.DuckDBPyConnection, results: Done) -> None:
+    """Store results computed elsewhere (the graph's thread), each under its analysis."""
+    for mod, res in results.values():
+        store(con, res, mod)
 
 
 def _run_own(
