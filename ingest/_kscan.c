@@ -111,7 +111,8 @@ static int commit(Scan *sc, Ev *ev) {
         return -1;
     ev->ints[I_PEER] = ev->dst.set ? ev->dst : ev->src; /* as kineto_events._peers */
     for (int i = 0; i < N_INT; i++)
-        if (int_push(&sc->ints[i], ev->ints[i].set, ev->ints[i].v) < 0) return -1;
+        if (int_push(&sc->ints[i], ev->ints[i].set, ev->ints[i].set ? ev->ints[i].v : 0) < 0)
+            return -1;
     static const int raw[S_ANAME] = {0, 0, 0, 0, 1, 1, 1, 1};
     for (int i = 0; i < S_ANAME; i++)
         if (push_span(sc, &sc->strs[i], &ev->spans[i], raw[i]) < 0) return -1;
@@ -138,10 +139,10 @@ static void scan_free(Scan *sc) {
     dict_free(&sc->names);
     Buf *bufs[] = {&sc->cat_codes, &sc->name_codes, &sc->pid, &sc->tid, &sc->ts_ns, &sc->dur_ns,
                    &sc->tmp};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]->p);
-    for (int i = 0; i < N_INT; i++) { free(sc->ints[i].v.p); free(sc->ints[i].ok.p); }
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) buf_free(bufs[i]);
+    for (int i = 0; i < N_INT; i++) { buf_free(&sc->ints[i].v); buf_free(&sc->ints[i].ok); }
     for (int i = 0; i < N_STR; i++) {
-        free(sc->strs[i].off.p); free(sc->strs[i].data.p); free(sc->strs[i].ok.p);
+        buf_free(&sc->strs[i].off); buf_free(&sc->strs[i].data); buf_free(&sc->strs[i].ok);
     }
     Py_XDECREF(sc->id_strings);
     Py_XDECREF(sc->threads);
@@ -182,7 +183,6 @@ static PyObject *result(Scan *sc) {
 
 static PyObject *run(Scan *sc) {
     Parser *ps = &sc->ps;
-    if (!valid_utf8(ps->p, ps->end)) { ps->err = "invalid UTF-8"; return NULL; }
     ws(ps);
     if (ps->p >= ps->end) return result(sc);
     Ev ev;

@@ -49,7 +49,7 @@ static int dict_init(Dict *d) {
 static void dict_free(Dict *d) {
     free(d->slots);
     Py_XDECREF(d->values);
-    free(d->flags.p);
+    buf_free(&d->flags);
 }
 
 static int dict_rehash(Dict *d) {

@@ -10,7 +10,9 @@ as it was, and re-ingesting the same files gives the same database.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -21,7 +23,6 @@ import duckdb
 from ranklens.ingest import engines, output, post, readers, sanity, shards, workpool
 from ranklens.ingest._model import Batch, Reader
 from ranklens.ingest.config import RunOptions
-from ranklens.ingest.crossrank import check_layout, finish_cross_rank
 from ranklens.ingest.errors import NoTracesError, RanklensError, storage_error
 from ranklens.ingest.inputs import NOT_TRACES, Inputs, scan_inputs
 from ranklens.ingest.post import finish_database
@@ -112,7 +113,8 @@ def load_traces(
             how = _How(
                 on_error, workers, options, str(tmp) if sharded else None, engine, ray_address
             )
-            _ingest(con, routed, found, report, how, progress, scratch)
+            with _imported_meanwhile(_CROSS_RANK):
+                _ingest(con, routed, found, report, how, progress, scratch)
             report.seconds["traces"] = time.perf_counter() - started
             if finalize is not None:
                 budget = _memory_limit_mb(files, thirds=2, events=report.n_events)
@@ -132,6 +134,30 @@ def load_traces(
 
         report.warnings += ray_engine.environment_notes()
     return report
+
+
+# The cross-rank stage's module, imported while the traces decode: with polars (through the
+# clock alignment) it took 0.11-0.13 s, on one core before any decoding began; on a thread,
+# while this process mostly waits on its workers, it costs that much CPU shared with them.
+_CROSS_RANK = "ranklens.ingest.crossrank"
+
+
+@contextlib.contextmanager
+def _imported_meanwhile(name: str) -> Iterator[None]:
+    """Import `name` on a thread for the block, joined on the way out (a daemon thread left
+    importing would meet the interpreter's shutdown). An import that fails there fails again,
+    with its error, where the module is needed."""
+
+    def load() -> None:
+        with contextlib.suppress(BaseException):
+            importlib.import_module(name)
+
+    thread = threading.Thread(target=load, name="ranklens-import", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 @contextlib.contextmanager
@@ -233,6 +259,8 @@ def _ingest(
     # thirds of the input, or CROSS_RANK_BYTES_PER_EVENT per event (with a third, a 5 M-kernel
     # Nsight export's 250 k collectives took 0.61-0.63 s to match and align, 0.38-0.46 s with
     # 500 MB or more).
+    from ranklens.ingest.crossrank import check_layout, finish_cross_rank  # _CROSS_RANK
+
     written = int(con.execute("SELECT count(*) FROM events").fetchall()[0][0])
     budget = _memory_limit_mb(files, 2, written, CROSS_RANK_BYTES_PER_EVENT)
     con.execute(f"SET memory_limit = '{budget}MB'")

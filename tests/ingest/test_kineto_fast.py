@@ -211,6 +211,69 @@ def test_scanner_refuses_what_the_reference_must_judge(bad: bytes) -> None:
     assert kineto_fast.columns(bad, 0, len(bad), True, None, 0, 0, 0) is None
 
 
+_UTF8_OK = ["é", "€", "𝄞", "aé€𝄞b" * 5, "\u07ff\u0800\uffff\U00010000\U0010ffff"]
+_UTF8_BAD = [
+    b"\x80",  # a continuation byte alone
+    b"\xc0\xaf",  # overlong '/'
+    b"\xe0\x80\xaf",  # overlong, three bytes
+    b"\xed\xa0\x80",  # a surrogate (U+D800)
+    b"\xf4\x90\x80\x80",  # past U+10FFFF
+    b"\xf5\x80\x80\x80",  # a lead byte no sequence has
+    b"\xe2\x82",  # cut short by the closing quote
+    b"\xc3\x28",  # a lead byte without its continuation
+]
+
+
+@needs_scanner
+@pytest.mark.parametrize("where", ["name", "cat", "args"])
+@pytest.mark.parametrize("pad", [0, 7, 13])
+def test_utf8_in_strings_checked_where_scanned(where: str, pad: int) -> None:
+    """The scanner checks UTF-8 inside each string it scans (no pass over the whole piece
+    first): every sequence length decodes as the reference does, at any alignment of the
+    8-byte skip, and every kind of invalid sequence is left to the reference, which rejects it."""
+
+    def event(text: bytes) -> bytes:
+        value = b'"' + b"x" * pad + text + b'"'
+        fields = {
+            "name": b'"ph": "X", "name": %s, "ts": 1, "dur": 1',
+            "cat": b'"ph": "X", "cat": %s, "name": "a", "ts": 1, "dur": 1',
+            "args": b'"ph": "X", "name": "a", "ts": 1, "dur": 1, "args": {"dtype": %s}',
+        }[where]
+        return b"{" + fields % value + b"}"
+
+    for text in _UTF8_OK:
+        assert assert_same(event(text.encode()))
+    for bad in _UTF8_BAD:
+        buf = event(bad)
+        assert kineto_fast.columns(buf, 0, len(buf), True, None, 0, 0, 0) is None, bad
+        with pytest.raises(msgspec.DecodeError):
+            _reference(buf, True)
+
+
+@needs_scanner
+def test_fields_of_one_event_do_not_reach_the_next() -> None:
+    """Each event starts with every field absent (the scanner clears only the flags that say a
+    field is there): what one event set is NULL on the next that lacks it."""
+    full = {
+        "ph": "X", "cat": "kernel", "name": "k", "pid": "Spans", "tid": 7, "ts": 1, "dur": 2,
+        "args": {"External id": 1, "correlation": 2, "stream": 3, "device": 0,
+                 "Collective name": "send", "In msg nelems": 4, "Out msg nelems": 5,
+                 "Group size": 2, "dtype": "Float", "Process Group Name": "0",
+                 "Process Group Description": "d", "Process Group Ranks": [0, 1], "Seq": 9,
+                 "bytes": 64, "Dst Rank": 1, "grid": [1, 2, 3], "block": [4, 5, 6],
+                 "Input Dims": [[1]], "Input type": ["float"], "Concrete Inputs": ["1"]},
+    }  # fmt: skip
+    bare = {"ph": "X", "name": "b", "ts": 3, "dur": 1}
+    meta = {"ph": "M", "pid": 1, "tid": 2}  # a metadata event with no name at all
+    for events in ([full, bare], [full, {**bare, "args": {}}], [full, meta, bare]):
+        assert assert_same(_render(events, True, False))
+    buf = _render([full, bare], True, False)
+    fast = kineto_fast.columns(buf, 0, len(buf), True, None, 0, 0, 0)
+    assert fast is not None
+    row = {k: v[1] for k, v in _plain(fast[0]).items()}
+    assert all(row[c][1] is None for c in ("correlation", "coll_op", "pg_name", "launch"))
+
+
 @needs_scanner
 @pytest.mark.parametrize("after", ["", ', "deviceProperties": [{"id": 0}], "x": [1, [2]]'])
 def test_events_array_located_without_full_parse(tmp_path: Path, after: str) -> None:

@@ -138,3 +138,16 @@ def test_pieces_in_flight_cover_a_whole_small_rank() -> None:
     next(gen)  # the file is started: what it submitted before the write of the one before
     gen.close()
     assert seen == [f"piece {i}" for i in range(6)] + ["file_sha256"]
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 3 * 65536, 3 * 65536 + 7])
+def test_file_hash_is_the_files_sha256(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """The hash read through windows of the file (here 64 KiB, so that windows meet inside
+    the file and at its end) is the SHA-256 of its bytes, empty file included."""
+    monkeypatch.setattr(kineto, "_HASH_WINDOW", 1 << 16)
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    path = tmp_path / "rank0.json"
+    path.write_bytes(data)
+    assert kineto.file_sha256(str(path)) == hashlib.sha256(data).hexdigest()

@@ -17,7 +17,7 @@ import pytest
 from nsys_fixtures import NsysDB
 from ranklens.analysis.report import build_report
 from ranklens.analysis.sql_console import SqlError, run_sql
-from ranklens.ingest import load_traces, loader
+from ranklens.ingest import crossrank, load_traces
 from ranklens.ingest.database import connect
 from ranklens.ingest.errors import RanklensError
 from ranklens.ingest.output import OutputError
@@ -215,7 +215,7 @@ def test_failed_ingest_keeps_previous_run(tmp_path: Path, monkeypatch: pytest.Mo
     def boom(*_a: Any, **_k: Any) -> None:
         raise KeyboardInterrupt  # as Ctrl+C during the cross-rank stage
 
-    monkeypatch.setattr(loader, "finish_cross_rank", boom)
+    monkeypatch.setattr(crossrank, "finish_cross_rank", boom)
     with pytest.raises(KeyboardInterrupt):
         load_traces([str(raw)], run, storage="shards")
     monkeypatch.undo()
