@@ -348,6 +348,15 @@ def _memory_limit_mb(
     return _budget_mb(max(size, each * events))
 
 
+def results_budget_mb(events: int) -> int:
+    """DuckDB's budget for a run's stored results computed outside an ingest (at first use,
+    or by realign: ingest/realign.rewrite_run), as the ingest's own finalize would have it
+    with no trace files to size it by: RESULTS_BYTES_PER_EVENT per event, bounded as
+    _budget_mb says. DuckDB's default, 80% of the machine's memory, left the dependency
+    graph's arrays none before it spilled."""
+    return _budget_mb(RESULTS_BYTES_PER_EVENT * events)
+
+
 def _budget_mb(nbytes: int) -> int:
     """`nbytes` in MB, at least 256 MB and at most half the machine's memory (where it can be
     read): past it DuckDB would not spill before the system ran out, the graph's arrays and

@@ -32,6 +32,7 @@ from ranklens.ingest.config import RunOptions
 from ranklens.ingest.crossrank import check_layout, match_align_label
 from ranklens.ingest.database import connect, is_database
 from ranklens.ingest.errors import DatabaseError
+from ranklens.ingest.loader import results_budget_mb
 from ranklens.ingest.p2p_batches import build_batches
 
 # The `meta` facts match_align_label writes (besides `option_*` of the options it was given).
@@ -109,6 +110,7 @@ def rewrite_run(
     """Run `work` on a writable copy of the run database `db_path` (a sharded run: its catalog,
     the shards attached) and put the copy in place by one rename, under the run's lock: an
     interrupted rewrite leaves the previous database, and readers holding it keep reading it.
+    DuckDB gets the budget an ingest's stored results get (loader.results_budget_mb).
 
     Raises:
         DatabaseError: no such file, not a ranklens database, or held by a writer.
@@ -129,6 +131,8 @@ def rewrite_run(
             con.execute("SET enable_progress_bar = false")
             if run_dir is not None:
                 shards.attach(con, run_dir)
+            events = int(con.execute("SELECT count(*) FROM events").fetchall()[0][0])
+            con.execute(f"SET memory_limit = '{results_budget_mb(events)}MB'")
             work(con)
             con.execute("CHECKPOINT")
         finally:

@@ -22,8 +22,10 @@ from ranklens.analysis import (
     results_store,
     timeline_store,
 )
+from ranklens.analysis.results_store import finalize_run
 from ranklens.cli.main import app
-from ranklens.ingest import output
+from ranklens.ingest import loader, output
+from ranklens.ingest.realign import realign_run
 from typer.testing import CliRunner
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "megatron_tp2_pp2_dp2" / "raw"
@@ -179,6 +181,33 @@ def test_an_interrupted_store_keeps_the_run(
         results_keep.keep(db)
     assert digest(db) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.duckdb"]
+
+
+def test_results_stored_outside_an_ingest_are_on_its_budget(
+    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At first use (and in realign) the stored results get the ingest's DuckDB budget per
+    event (bounded by half the memory), not DuckDB's default of 80% of the machine's memory."""
+    monkeypatch.setattr(loader, "RESULTS_BYTES_PER_EVENT", 2**20)  # a budget the events size
+    db = copy_of(runs["later"], tmp_path / "run.duckdb")
+    with duckdb.connect(str(db), read_only=True) as con:
+        events = int(con.execute("SELECT count(*) FROM events").fetchall()[0][0])
+    scratch = duckdb.connect()
+    default = scratch.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    scratch.execute(f"SET memory_limit = '{loader.results_budget_mb(events)}MB'")
+    want = scratch.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    assert events > 256 and want != default  # the check below could fail
+    seen: list[str] = []
+
+    def noted(con: duckdb.DuckDBPyConnection) -> None:
+        seen.append(con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0])
+        finalize_run(con)
+
+    monkeypatch.setattr(results_keep, "finalize_run", noted)
+    assert results_keep.keep(db).stored
+    realign_run(db, finalize=noted)
+    assert seen == [want, want]
+    assert made_here(db)
 
 
 def test_a_sharded_run_gets_its_results_in_the_catalog(tmp_path: Path) -> None:
