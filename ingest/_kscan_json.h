@@ -7,7 +7,7 @@
 
 /* A growable byte buffer held as a bytes object, resized in place (_PyBytes_Resize, for a
  * bytes object not yet shared), so that the columns are handed to Python without a copy
- * (copying them out of malloc'd buffers was ~10% of the scan). */
+ * (copying them out of malloc'd buffers at the end was ~5% of the scan, in memmove). */
 typedef struct {
     char *p; /* obj's bytes */
     Py_ssize_t len, cap;
