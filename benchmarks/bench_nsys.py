@@ -68,7 +68,7 @@ _KERNEL_DDL = (
 )
 
 CHILD = """
-import json, os, resource, sys, time
+import importlib.util, json, os, resource, sys, time
 from pathlib import Path
 from ranklens.ingest.lifecycle import settle_allocators, skip_pandas_probe
 settle_allocators()  # as the `ranklens` console script does (cli/entry.py)
@@ -94,7 +94,28 @@ def timed(mod, name, stage):
 timed(nsys, "read_nsys", "read")
 timed(loader, "finish_database", "post")
 timed(communicators, "infer_communicators", "comm groups")  # the loader's call (Nsight only)
-timed(loader, "finish_cross_rank", "cross-rank")
+
+
+class _TimedOnImport:
+    # the cross-rank module is imported by load_traces itself, on a thread while the traces
+    # are read (loader._imported_meanwhile): its stage is wrapped as it is imported, so that
+    # this child pays that import where an ingest does
+    def find_spec(self, name, path=None, target=None):
+        if name != "ranklens.ingest.crossrank":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            timed(module, "finish_cross_rank", "cross-rank")
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _TimedOnImport())
 t0, c0 = time.perf_counter(), time.process_time()
 if sys.argv[1] == "reader":
     parts = nsys.read_nsys(Path(sys.argv[2]), 0)
