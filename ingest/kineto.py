@@ -16,7 +16,6 @@ timestamps; ~0.25 µs for absolute-epoch µs with decimals, which old traces do 
 from __future__ import annotations
 
 import codecs
-import hashlib
 import mmap
 import os
 import re
@@ -29,6 +28,7 @@ import pyarrow as pa
 from ranklens.ingest import kineto_fast, staging, step_assign
 from ranklens.ingest._model import rank_from_name
 from ranklens.ingest.errors import NotATraceError, TraceFormatError
+from ranklens.ingest.file_hash import file_sha256
 from ranklens.ingest.gz import uncompressed
 from ranklens.ingest.inputs import check_readable
 from ranklens.ingest.kineto_events import _Event, _fail, _parse_ranks, columns
@@ -86,34 +86,6 @@ class Prepared:
     groups: list[dict[str, Any]]
     pieces: list[tuple[int, int]] = field(default_factory=list)
     raw_bytes: int = 0
-
-
-_HASH_WINDOW = 16 << 20  # a multiple of mmap.ALLOCATIONGRANULARITY
-
-
-def file_sha256(path: str) -> str:
-    """The file's SHA-256, hashed from read-only mappings of 16 MB at a time: no copy of each
-    chunk out of the page cache (0.41 -> 0.34 CPU-s for 400 MB, time the decoding workers
-    share), and no more of the file mapped at once (a mapping of the whole file counted its
-    400 MB in the ingest's PSS); read in chunks where it cannot be mapped (empty, not a
-    regular file)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        try:
-            size, at = os.fstat(f.fileno()).st_size, 0
-            while at < size:
-                n = min(_HASH_WINDOW, size - at)
-                with mmap.mmap(f.fileno(), n, access=mmap.ACCESS_READ, offset=at) as mm:
-                    h.update(mm)
-                at += n
-            if size:
-                return h.hexdigest()
-        except (ValueError, OSError):
-            h = hashlib.sha256()
-            f.seek(0)
-        while chunk := f.read(8 * 1024 * 1024):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def prepare(

@@ -17,6 +17,7 @@ from typing import Any
 from ranklens.ingest import kineto, workpool
 from ranklens.ingest._model import Batch, RankPart, Reader
 from ranklens.ingest.errors import WorkerDied
+from ranklens.ingest.file_hash import file_sha256
 from ranklens.ingest.sink import Sink, file_size
 from ranklens.ingest.threads import Helper
 
@@ -319,7 +320,7 @@ def _parallel_file(
             if hashing is None and not prep.sha256:
                 # by a worker, after the first pieces: this process, the one writer, has its
                 # own chain of work (a 60 MB rank's hash here delayed every write by 0.05 s)
-                hashing = pool.submit(kineto.file_sha256, prep.path)
+                hashing = pool.submit(file_sha256, prep.path)
             if first:
                 first = False
                 yield
@@ -339,7 +340,7 @@ def _parallel_file(
         _serial_file(sink, tid, prep, rank)  # now: the inflated copy of a .gz goes soon
         return lambda: None
     if first:  # no pieces at all
-        prep.sha256 = prep.sha256 or kineto.file_sha256(prep.path)
+        prep.sha256 = prep.sha256 or file_sha256(prep.path)
         yield
     return lambda: _finish_file(sink, tid, prep, rank, pieces)
 

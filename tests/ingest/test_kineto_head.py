@@ -16,7 +16,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from ranklens.ingest import kineto, kineto_schedule, load_traces, workpool
+from ranklens.ingest import file_hash, kineto, kineto_schedule, load_traces, workpool
 from ranklens.ingest.errors import TraceFormatError
 from test_bad_input import good, with_event
 from test_kineto import bad_cuts, chunky, dump_tables
@@ -146,8 +146,8 @@ def test_file_hash_is_the_files_sha256(
 ) -> None:
     """The hash read through windows of the file (here 64 KiB, so that windows meet inside
     the file and at its end) is the SHA-256 of its bytes, empty file included."""
-    monkeypatch.setattr(kineto, "_HASH_WINDOW", 1 << 16)
+    monkeypatch.setattr(file_hash, "_HASH_WINDOW", 1 << 16)
     data = bytes(range(256)) * (size // 256) + bytes(size % 256)
     path = tmp_path / "rank0.json"
     path.write_bytes(data)
-    assert kineto.file_sha256(str(path)) == hashlib.sha256(data).hexdigest()
+    assert file_hash.file_sha256(str(path)) == hashlib.sha256(data).hexdigest()
