@@ -28,6 +28,7 @@ from typing import Any
 
 import duckdb
 import polars as pl
+from ranklens.analysis import _activity
 from ranklens.analysis._base import Finding, Result, Severity
 from ranklens.analysis._sql import query_pl
 from ranklens.analysis.results_split import Done, Shared, helping, own_and_shared
@@ -189,8 +190,6 @@ def compute_or_load(con: duckdb.DuckDBPyConnection, mod: ModuleType) -> Result:
 
 def store_all(con: duckdb.DuckDBPyConnection, mods: tuple[ModuleType, ...]) -> list[str]:
     """Compute and store every analysis of `mods` (but SKIP); returns the names stored."""
-    from ranklens.analysis import _activity
-
     done = []
     with ExitStack() as stack:
         if _activity.users(mods):  # the shared islands, computed once
@@ -221,11 +220,9 @@ def finalize_run(con: duckdb.DuckDBPyConnection) -> None:
     model: critical_path.Model | None = None
     theirs: Done = {}
     done: set[str] = set()
-    mine: list[str] = []
     work = helping(shared, critical_path.model, _out_of_memory)
     with background(con, work) as built:
-        if _if_it_fits(con, lambda: mine.extend(_run_own(con, own, shared))):
-            done.update(mine)
+        _if_it_fits(con, lambda: done.update(_run_own(con, own, shared)))  # none if rolled back
         try:
             model, theirs = built()
         except duckdb.Error as exc:
@@ -253,8 +250,6 @@ def _run_own(
 ) -> list[str]:
     """Compute and store `own` (with the activity views held), then what `shared` still holds;
     the names computed (stored, or not storable: either way not to be computed again)."""
-    from ranklens.analysis import _activity
-
     names = []
     if own:
         with _activity.held(con):
